@@ -7,13 +7,13 @@
     A world of three rpc_ps processes on this machine, started as a user
     would (no launcher, which stops the world at the first death): the
     server (rank 0) and two trainers, with --checkpoint in a temporary
-    directory. Trainer 2 is killed (SIGKILL, pinned with the ZDIST_FAULT
-    hook: in the 15th batch of its life, its forward pass done and its
-    backward pass not begun, so that the server holds that batch's
-    autograd context with its activations; one checkpoint, at 10 batches,
-    lies behind it) and started again with the same flags N times (100); each new
-    life rejoins the running world and goes on from its checkpointed
-    position. The last life trains to the end, and every process must
+    directory. Trainer 2 is killed (SIGKILL, pinned with ZDIST_FAULT: at
+    the backward of the 15th batch of its life, its forward pass done, so
+    that the server holds that batch's autograd context with its
+    activations; one checkpoint, at 10 batches, lies behind it) and
+    started again with the same flags N times (100); each new life
+    rejoins the running world and goes on from the position the server
+    kept (that of its last forward: 14 batches on). The last life trains to the end, and every process must
     exit 0. Trainer 1 has as many batches to train but never stops, so it
     finishes early (about the 15th cycle of 100 on a loaded 2-core
     machine) and waits for the shared final evaluation while trainer 2
@@ -273,9 +273,9 @@ int main(int argc, char **argv)
     snprintf(w.a_world, sizeof w.a_world, "--world_size=%d", RANKS);
     snprintf(w.a_port, sizeof w.a_port, "--master_port=%d", port);
     snprintf(w.a_ck, sizeof w.a_ck, "--checkpoint=%s/c", w.dir);
-    /* Each life moves trainer 2 on by one checkpoint; the last one has
-       twenty batches left. */
-    snprintf(w.a_max, sizeof w.a_max, "--max_batches=%d", (cycles + 2) * CHECKPOINT_EVERY);
+    /* Each life moves trainer 2 on by KILL_AT - 1 batches; the last one
+       has twice that left. */
+    snprintf(w.a_max, sizeof w.a_max, "--max_batches=%d", (cycles + 2) * (KILL_AT - 1));
     double *rss = calloc((size_t)cycles, sizeof *rss);
     double *rejoin_s = calloc((size_t)cycles, sizeof *rejoin_s);
     if (!rss || !rejoin_s)

@@ -7,17 +7,16 @@
     SIGKILL: a crash) or stop (raise SIGSTOP: frozen, with its sockets
     alive, until a SIGCONT). The library reads the same variable at
     points of its own (docs/ps.md, "Faults in tests"): rendezvous
-    (zd_rpc_init) and shutdown (zd_rpc_shutdown) in every program,
-    evaluation in rpc_ps (zd_ps_trainer_wait_all, and the registry taking
-    a trainer's wait in), step in push/pull (each step a shard takes:
-    ps_sync_async's parameter servers, ps_lstm's shards; each push of a
-    trainer: ps_sync_async's driver applying gradients), and backward
-    and step in every zd_dist_autograd_backward and zd_dist_optim_step
-    (rpc_ps's trainers, pipeline's driver). The examples' points, by
-    role:
-      rpc_ps        trainer: forward, checkpoint; server shards: forward
-                    (a trainer's ps_forward on shard 0, ps_fc1_part on
-                    the others), checkpoint (each save);
+    (zd_rpc_init) and shutdown (zd_rpc_shutdown) in every program;
+    backward and step in every zd_dist_autograd_backward and
+    zd_dist_optim_step; the remote model's (rpc_ps) forward (a trainer's
+    training forward, each forward a server's stage serves), checkpoint
+    (a trainer's zd_ps_model_checkpoint, each write of a stage but the
+    run's start) and evaluation (zd_ps_trainer_wait_all, and the
+    registry taking a trainer's wait in); step in push/pull (each step a
+    shard takes: ps_sync_async's parameter servers, ps_lstm's shards;
+    each push of a trainer: ps_sync_async's driver applying gradients).
+    rpc_ps has no points of its own. The examples' points, by role:
       ps_sync_async driver: evaluation; worker: backward
                     (compute_gradients, a local backward);
       pipeline      driver: forward, evaluation; stages: forward.

@@ -180,14 +180,17 @@ zd_nn_module_t *ps_stage_new(const zd_nn_module_t *net, int shard, int num_shard
         return NULL;
     }
     stage_t *s = calloc(1, sizeof *s);
-    zd_nn_module_t *m = s ? zd_nn_module_new("NetStage", stage_forward, s, stage_free) : NULL;
-    if (!m) {
-        free(s);
+    if (!s) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "stage %d: out of memory", shard);
         return NULL;
     }
     *s = (stage_t){
         .shard = shard, .num_shards = num_shards, .max_batch = max_batch, .dropout = dropout};
     pthread_mutex_init(&s->rng_lock, NULL);
+    /* (a module that cannot be made frees its state: s) */
+    zd_nn_module_t *m = zd_nn_module_new("NetStage", stage_forward, s, stage_free);
+    if (!m)
+        return NULL;
     zd_rng_seed(&s->rng, seed * 1000003u + (uint64_t)shard);
     fc1_rows(shard, num_shards, &s->fc1_first, &s->fc1_count);
     for (int i = 0; i < NET_PARAMS; i++) {
@@ -317,8 +320,10 @@ zd_nn_module_t *ps_stages_gather(int num_shards, uint64_t seed)
     zd_value_t *answers[PS_STAGES_MAX] = {0};
     zd_tensor_t *piece[NET_PARAMS][PS_STAGES_MAX];
     int n_pieces[NET_PARAMS] = {0}, rc = 0;
-    zd_nn_module_t *net = zd_nn_net_new(seed);
-    if (!net || num_shards > PS_STAGES_MAX)
+    zd_nn_module_t *net = NULL;
+    if (num_shards > PS_STAGES_MAX)
+        rc = zd_error_set("%d shards: at most %d", num_shards, PS_STAGES_MAX);
+    else if (!(net = zd_nn_net_new(seed)))
         rc = -1;
     /* shard 0's own, then the others' in shard order: fc1's rows in order */
     if (rc == 0)

@@ -1,76 +1,47 @@
 /* SPDX-License-Identifier: MIT */
 /*  rpc_ps: the PyTorch tutorial "Implementing a Parameter Server Using
-    Distributed RPC Framework", on this framework.
+    Distributed RPC Framework", on the parameter-server layer's remote
+    model (<zdist/ps.h>), with what an operator's run needs around it.
 
         ./rpc_ps --world_size=4 --rank=0                       the server
         ./rpc_ps --world_size=4 --rank=N --master_addr=HOST    trainer N
 
-    With --num_servers=S, ranks 0..S-1 are parameter-server shards (see
-    ps_net.h) and the others trainers. Read it beside the tutorial:
-      ParameterServer          ps_net_serve (ps_net.h), on ranks below S
-      TrainerNet               ps_net_client_attach: an RRef to the
-                               server, RRefs to its parameters, and a
-                               DistributedOptimizer (SGD) over them
-      run_training_loop        run_training_loop, its body train_batch: a
-                               distributed autograd context, the forward
-                               on the server, nll loss, the distributed
-                               backward, the check that the server holds
-                               gradients for the context, a step
-      get_accuracy             get_accuracy (dropout off)
-      run_worker               main: the servers leave only after every
-                               trainer has finished (graceful shutdown)
-    Around it, what an operator's run needs: checkpoints and --resume, a
-    lost server shard waited for (ps_net_client_recover: the loop goes on
-    from the last checkpoint), --max_staleness, a diverging loss stopped,
-    progress lines every --progress_s seconds (the tutorial's per-batch
-    loss lines with --log_interval=5), curves, and --save_model /
-    --init_from: the trained Net for PyTorch's load_state_dict, under
-    PyTorch's names. */
+    Ranks below --num_servers serve the Net's stages (ps_stages.h), the
+    others train. Read it beside the tutorial:
+      ParameterServer     rpc_ps_serve (rpc_ps_server.c): a stage of the
+                          Net served by zd_ps_model_server_new; rank 0
+                          also keeps the trainers' book and their shared
+                          final evaluation
+      TrainerNet          zd_ps_model_new: the stages' parameter RRefs and
+                          a DistributedOptimizer (SGD) over them
+      run_training_loop   run_training_loop, its body train_batch
+      get_accuracy        get_accuracy (dropout off)
+      run_worker          main: the servers leave only after every
+                          trainer has finished (graceful shutdown)
+    The layer keeps the checkpoints (a trainer asks for one every
+    --checkpoint_every of its batches), brings a restarted shard and the
+    others back to one generation, and holds the fault points tests use;
+    around it, this program adds --resume, a lost shard waited for
+    (recover), --max_staleness, a diverging loss stopped, progress lines,
+    curves, and --save_model / --init_from under PyTorch's names. */
 #include <errno.h>
 #include <malloc.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <zdist/autograd.h>
-#include <zdist/dataset.h>
-#include <zdist/dist_autograd.h>
-#include <zdist/dist_optim.h>
-#include <zdist/error.h>
-#include <zdist/nn.h>
-#include <zdist/rpc.h>
+#include <zdist/zdist.h>
 
 #include "examples/curves.h"
 #include "examples/flags.h"
 #include "examples/progress.h"
-#include "examples/ps_net.h"
-#include "examples/ps_net_client.h"
+#include "examples/rpc_ps.h"
+#include "examples/ps_stages.h"
 #include "examples/train_common.h"
-
-typedef struct {
-    flags_world_t world; /* rank, world_size, master_addr, master_port */
-    int64_t num_gpus, num_servers;
-    const char *data_dir;
-    const char *curves;       /* prefix of each trainer's curve files, or NULL */
-    int64_t eval_every;       /* batches of a trainer between its evaluations (0: at the end) */
-    double progress_s;        /* seconds between progress lines (0: none) */
-    const char *checkpoint;   /* prefix of the servers' checkpoint files, or NULL */
-    int64_t checkpoint_every; /* batches of a trainer between checkpoints */
-    bool resume;              /* start from the checkpoint */
-    const char *save_model;   /* rank 0 writes the trained Net there (safetensors), or NULL */
-    const char *init_from;    /* the servers start from the Net there (safetensors), or NULL */
-    int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
-    int64_t threads, init_timeout_s;
-    double lr;
-    bool no_dropout;
-    int64_t min_trainers;   /* servers: fail when fewer trainers finished */
-    int64_t max_staleness;  /* trainers: at most this many batches ahead (0: no bound) */
-    int64_t max_batch_size; /* servers: the largest batch ps_forward takes (0: default) */
-    int64_t max_inflight;   /* servers: training forwards held at once (0: 2 per core) */
-    int64_t server_wait_s;  /* trainers: how long a lost server shard may take to come back */
-} options_t;
 
 #define EVAL_BATCH 500
 
@@ -79,54 +50,66 @@ typedef struct {
 #define LOSS_EXPLODED 1e4
 #define LOSS_GROWTH   100
 
-/*  A trainer: its end of the server (the tutorial's TrainerNet), its data,
-    where it is, and what it reports. */
+/*  ---- TrainerNet, run_training_loop, get_accuracy ---- */
+
+/*  A trainer: its handle on the model (the tutorial's TrainerNet), its
+    data, where it is, and what it reports. */
 typedef struct {
-    const options_t *o;
+    const rpc_ps_options_t *o;
     int rank;
-    ps_net_client_t *ps;
+    zd_ps_model_t *model;
     zd_dataset_t *train, *test;
     int64_t per_epoch, total; /* batches in an epoch; to train in all */
     int64_t done, trained;    /* position (batches done); batches trained by this process */
     float first_loss;
     double t0, t1, eval_secs;
+    int joins[PS_STAGES_MAX]; /* the shards' join counts when this trainer last started */
     progress_t prog;
     curves_t *curves;
     curves_points_t points;
 } trainer_t;
 
-/*  The tutorial's check: the server holds gradients for this context. The
-    tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their names and
-    sizes tell as much, and leave the server no buffer of that size per
-    trainer to send them through. */
-static int check_gradients(zd_rref_t *ps, int64_t cid)
+/*  Times each shard's rank joined the world again: rank 0 started again
+    since this trainer last (re)started would take its registry calls as
+    if nothing had happened, and the batches after its checkpoint would
+    be lost. */
+static atomic_int rank_joins[PS_STAGES_MAX];
+
+static void peer_joined(void *arg, int rank, const char *name)
 {
-    zd_value_t *grads = NULL, *a = ZD_ARGS(cid);
-    int rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads) : -1;
-    zd_value_unref(a);
-    if (rc == 0 && zd_list_len(grads) == 0)
-        rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
-    for (size_t i = 0; rc == 0 && i < zd_list_len(grads); i++) {
-        int64_t numel;
-        if (zd_rpc_arg_int(zd_list_get(grads, i), 1, &numel) < 0 || numel < 1)
-            rc = zd_error_set("the server's gradient %zu for context %lld is empty", i,
-                              (long long)cid);
-    }
-    zd_value_unref(grads);
-    return rc;
+    (void)arg, (void)name;
+    if (rank >= 0 && rank < PS_STAGES_MAX)
+        atomic_fetch_add(&rank_joins[rank], 1);
 }
 
-/*  One batch: the tutorial's loop body. A loss that is not finite is
-    refused before the backward: a model that diverged must not spread nan
-    to every trainer through the shared weights. */
-static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool check,
-                       float *loss_out)
+static void note_joins(trainer_t *t)
+{
+    for (int s = 0; s < PS_STAGES_MAX; s++)
+        t->joins[s] = atomic_load(&rank_joins[s]);
+}
+
+static int shard0_same(const trainer_t *t)
+{
+    if (atomic_load(&rank_joins[0]) != t->joins[0])
+        return zd_error_set_code(ZD_ERR_PEER,
+                                 "server shard 0 (rank 0) was lost and started "
+                                 "again since this trainer attached");
+    return 0;
+}
+
+/*  One batch: the tutorial's loop body, under a distributed autograd
+    context. A loss that is not finite is refused before the backward: a
+    model that diverged must not spread nan to every trainer through the
+    shared weights. */
+static int train_batch(trainer_t *t, zd_tensor_t *x, zd_tensor_t *y, bool check, float *loss_out)
 {
     zd_tensor_t *out = NULL, *loss = NULL;
     int64_t cid;
     if (zd_dist_autograd_context_begin(&cid) < 0)
         return -1;
-    int rc = ps_net_client_forward(c, x, true, &out);
+    int rc = zd_ps_model_set_position(t->model, t->done);
+    if (rc == 0)
+        rc = zd_ps_model_forward(t->model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT);
     if (rc == 0)
         rc = zd_nn_nll_loss(out, y, &loss);
     if (rc == 0 && !isfinite(zd_tensor_data(loss)[0])) {
@@ -134,11 +117,11 @@ static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool 
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
     }
     if (rc == 0)
-        rc = ps_net_client_backward(c, cid, loss);
-    if (rc == 0 && check)
-        rc = check_gradients(ps_net_client_server(c), cid);
+        rc = zd_ps_model_backward(t->model, cid, loss);
+    if (rc == 0 && check) /* the tutorial's look at the servers' gradients */
+        rc = ps_stages_check_gradients((int)t->o->num_servers, cid);
     if (rc == 0)
-        rc = ps_net_client_step(c, cid);
+        rc = zd_ps_model_step(t->model, cid);
     if (rc == 0)
         *loss_out = zd_tensor_data(loss)[0];
     zd_tensor_unref(loss);
@@ -150,48 +133,102 @@ static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool 
 }
 
 /*  The tutorial's get_accuracy: the first `limit` test images (0: all)
-    through the server's model, dropout off. */
-static int get_accuracy(ps_net_client_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
+    through the servers' model, dropout off. */
+static int get_accuracy(trainer_t *t, int64_t limit, double *acc)
 {
-    int64_t n = zd_dataset_len(test), correct = 0;
+    int64_t n = zd_dataset_len(t->test), correct = 0;
     if (limit > 0 && limit < n)
         n = limit;
-    for (int64_t start = 0; start < n; start += EVAL_BATCH) {
-        zd_tensor_t *x, *y, *out;
+    bool was = zd_ps_model_train(t->model, false);
+    int rc = 0;
+    for (int64_t start = 0; rc == 0 && start < n; start += EVAL_BATCH) {
+        zd_tensor_t *x, *y, *out = NULL;
         int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
-        if (zd_dataset_batch(test, NULL, start, bs, &x, &y) < 0)
-            return -1;
-        int rc = ps_net_client_forward(ps, x, false, &out);
+        if ((rc = zd_dataset_batch(t->test, NULL, start, bs, &x, &y)) < 0)
+            break;
+        rc = zd_ps_model_forward(t->model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT);
         int64_t c = rc == 0 ? zd_nn_accuracy(out, y) : -1;
+        rc = c < 0 ? -1 : 0;
+        correct += c;
         zd_tensor_unref(out);
         zd_tensor_unref(x);
         zd_tensor_unref(y);
-        if (c < 0)
-            return -1;
-        correct += c;
     }
+    zd_ps_model_train(t->model, was);
     *acc = n ? (double)correct / (double)n : 0;
-    return 0;
+    return rc;
 }
 
-/*  A call to the servers failed: 1 when the servers are back and the
-    trainer goes on from its last checkpoint (t->done moved there), else
-    -1 with the error set. */
+/*  The shard that was lost, or came back since this trainer started with
+    the servers; -1 when none did within 5 s (RPC declares a peer lost
+    about 1 s after its connection dropped). */
+static int shard_gone(const trainer_t *t)
+{
+    for (double until = train_now() + 5;;) {
+        for (int s = 0; s < t->o->num_servers; s++)
+            if (zd_rpc_peer_is_lost(s) || atomic_load(&rank_joins[s]) != t->joins[s])
+                return s;
+        if (train_now() >= until)
+            return -1;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+}
+
+/*  A call to the servers failed. With --checkpoint, when a shard was lost:
+    waits for it (restarted with --resume) and for the layer to bring the
+    stages to its checkpoint, then 1, t->done moved to where the stages
+    say this trainer was; else -1 with the error set. */
 static int recover(trainer_t *t)
 {
-    int64_t start;
+    const rpc_ps_options_t *o = t->o;
     progress_clear(&t->prog);
-    int back = ps_net_client_recover(t->ps, t->done, &start);
-    if (back == 1)
-        t->done = start;
-    return back;
+    if (!o->checkpoint)
+        return -1;
+    char why[512];
+    snprintf(why, sizeof why, "%s", zd_error_last());
+    int shard = shard_gone(t);
+    if (shard < 0)
+        return zd_error_set("%s", why);
+    double t0 = train_now(), wait_s = (double)o->server_wait_s;
+    printf("Rank %d: server shard %d lost at batch %lld (%s); waiting up to %lld s "
+           "(--server_wait_s) for it to come back\n",
+           t->rank, shard, (long long)t->done, why, (long long)o->server_wait_s);
+    fflush(stdout);
+    /* The releases of contexts the old process held fail: it is gone. */
+    if (zd_dist_autograd_wait_releases(1000) < 0)
+        printf("Rank %d: contexts of the lost server's process not released: %s\n", t->rank,
+               zd_error_last());
+    int64_t start = -1;
+    /* Just back, a shard may not take calls from everyone yet (its new
+       connections are being made): try again until the wait is up. */
+    for (;;) {
+        int64_t left = (int64_t)((t0 + wait_s - train_now()) * 1000);
+        if (left <= 0)
+            return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
+                                "--server_wait_s=%lld s: %s",
+                                shard, shard, why, (long long)o->server_wait_s, zd_error_last());
+        /* (the shards as they are back: a shard lost again later is
+           met by the next call) */
+        if (zd_ps_model_wait_shards(t->model, left) == 0 && (note_joins(t), true) &&
+            zd_ps_model_resume_position(t->model, left, &start) == 0 &&
+            zd_ps_trainer_started(0, left) == 0)
+            break;
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+    start = start < 0 ? 0 : start;
+    printf("Rank %d: the servers are back after %.2f s; going on from batch %lld (the last "
+           "checkpoint; %lld batch(es) of this trainer to take again)\n",
+           t->rank, train_now() - t0, (long long)start, (long long)(t->done - start));
+    fflush(stdout);
+    t->done = start;
+    return 1;
 }
 
 /*  What follows a trained batch: the divergence check, progress and the
     tutorial's loss line, curves, and --eval_every's evaluation. 0, or -1. */
 static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
 {
-    const options_t *o = t->o;
+    const rpc_ps_options_t *o = t->o;
     if (++t->trained == 1)
         t->first_loss = loss;
     if (loss > LOSS_EXPLODED || (t->first_loss > 0 && loss > LOSS_GROWTH * t->first_loss)) {
@@ -218,7 +255,7 @@ static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
     /* this trainer's own look at the weights as they are now, while the
        other trainers go on */
     double acc;
-    if (get_accuracy(t->ps, t->test, o->eval_samples, &acc) < 0)
+    if (get_accuracy(t, o->eval_samples, &acc) < 0)
         return -1;
     progress_clear(&t->prog);
     printf("Rank %d after batch %lld (epoch %lld): accuracy %.2f %%\n", t->rank, (long long)t->done,
@@ -232,12 +269,62 @@ static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
     return 0;
 }
 
+/*  The staleness bound, then one batch: 0, 1 (a shard was lost and is
+    back: t->done moved, call again), or -1. */
+static int next_batch(trainer_t *t, const int64_t *order, int64_t epoch, int64_t b)
+{
+    const rpc_ps_options_t *o = t->o;
+    zd_tensor_t *x, *y;
+    float loss = 0;
+    if (o->max_staleness > 0) {
+        int rc = shard0_same(t);
+        if (rc == 0)
+            rc = zd_ps_trainer_gate(0, t->done, o->max_staleness, ZD_TIMEOUT_DEFAULT, NULL);
+        if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT)
+            fprintf(stderr,
+                    "rpc_ps trainer %d: waited the RPC timeout for the slowest trainer "
+                    "(--max_staleness=%lld); going on\n",
+                    t->rank, (long long)o->max_staleness);
+        else if (rc < 0)
+            return recover(t);
+    }
+    if (zd_dataset_batch(t->train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
+        return -1;
+    bool check = o->check_interval > 0 && t->done % o->check_interval == 0;
+    int rc = train_batch(t, x, y, check, &loss);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    if (rc < 0 && !isfinite(loss)) {
+        progress_clear(&t->prog);
+        return zd_error_set("batch %lld (epoch %lld): the loss is %g: the model diverged, and "
+                            "this batch's gradients were not applied. Remedies: a lower --lr "
+                            "(now %g), or fewer trainers per server (their updates arrive stale)",
+                            (long long)t->done + 1, (long long)epoch + 1, (double)loss, o->lr);
+    }
+    if (rc < 0)
+        return recover(t);
+    t->done++;
+    if (after_batch(t, epoch, b, loss) < 0)
+        return -1;
+    if (!o->checkpoint || t->done % o->checkpoint_every != 0)
+        return 0;
+    /* Another trainer's checkpoint may have taken a newer generation
+       between this one's question and its writes (ZD_ERR_STALE): asked
+       again, it writes the newest. */
+    rc = -1;
+    for (int tries = 0; rc < 0 && tries < 3; tries++)
+        if ((rc = zd_ps_model_checkpoint(t->model, t->done, ZD_TIMEOUT_DEFAULT)) < 0 &&
+            zd_error_code() != ZD_ERR_STALE)
+            break;
+    return rc < 0 ? recover(t) : 0;
+}
+
 /*  The tutorial's run_training_loop, from batch t->done: 0 when this
     trainer's batches are done, 1 when a server shard was lost and is back
-    (t->done moved to the last checkpoint: call again), -1 on failure. */
+    (t->done moved: call again), -1 on failure. */
 static int run_training_loop(trainer_t *t)
 {
-    const options_t *o = t->o;
+    const rpc_ps_options_t *o = t->o;
     int64_t first_epoch, first_batch;
     train_resume_position(t->done, t->per_epoch, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
@@ -246,78 +333,29 @@ static int run_training_loop(trainer_t *t)
             t->train, (uint64_t)(o->seed + epoch + 1000 * (t->rank - o->num_servers)));
         if (!order)
             return zd_error_set("out of memory");
+        int rc = 0;
         for (int64_t b = epoch == first_epoch ? first_batch : 0;
-             b < t->per_epoch && t->done < t->total; b++) {
-            zd_tensor_t *x, *y;
-            float loss = 0;
-            int rc = 0;
-            if (o->max_staleness > 0 &&
-                ps_net_client_staleness_gate(t->ps, t->done, o->max_staleness) < 0)
-                rc = recover(t);
-            else if (zd_dataset_batch(t->train, order, b * o->batch_size, o->batch_size, &x, &y) <
-                     0)
-                rc = -1;
-            else {
-                bool check = o->check_interval > 0 && t->done % o->check_interval == 0;
-                rc = train_batch(t->ps, x, y, check, &loss);
-                zd_tensor_unref(x);
-                zd_tensor_unref(y);
-                if (rc < 0 && !isfinite(loss)) {
-                    progress_clear(&t->prog);
-                    rc = zd_error_set("batch %lld (epoch %lld): the loss is %g: the model "
-                                      "diverged, and this batch's gradients were not applied. "
-                                      "Remedies: a lower --lr (now %g), or fewer trainers per "
-                                      "server (their updates arrive stale)",
-                                      (long long)t->done + 1, (long long)epoch + 1, (double)loss,
-                                      o->lr);
-                } else if (rc < 0) {
-                    rc = recover(t);
-                }
-            }
-            if (rc == 0) {
-                t->done++;
-                rc = after_batch(t, epoch, b, loss);
-            }
-            if (rc == 0 && o->checkpoint && t->done % o->checkpoint_every == 0 &&
-                ps_net_client_checkpoint(t->ps, t->done) < 0)
-                rc = recover(t);
-            if (rc != 0) {
-                free(order);
-                return rc;
-            }
-        }
+             rc == 0 && b < t->per_epoch && t->done < t->total; b++)
+            rc = next_batch(t, order, epoch, b);
         free(order);
+        if (rc != 0)
+            return rc;
     }
     return 0;
 }
 
-/*  Loads the data, attaches to the servers and finds where to start:
-    with --resume, or when this trainer rejoined the world, from its last
-    checkpointed position. 0, or -1. */
+/*  Loads the data and finds where to start: with --resume, or when this
+    trainer rejoined the world, where the servers say it was. 0, or -1. */
 static int trainer_start(trainer_t *t)
 {
-    const options_t *o = t->o;
-    char dir[1024];
-    if (o->data_dir)
-        snprintf(dir, sizeof dir, "%s", o->data_dir);
-    else if (zd_dataset_find_dir(dir, sizeof dir) < 0)
-        return -1;
-    if (!(t->train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) ||
-        !(t->test = zd_dataset_load(dir, ZD_DATASET_TEST)))
+    const rpc_ps_options_t *o = t->o;
+    if (!(t->train = zd_dataset_load(o->data_dir, ZD_DATASET_TRAIN)) ||
+        !(t->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)))
         return -1;
     t->per_epoch = zd_dataset_num_batches(t->train, o->batch_size);
     t->total = o->epochs * t->per_epoch;
     if (o->max_batches > 0 && o->max_batches < t->total)
         t->total = o->max_batches;
-    ps_net_client_config_t cfg = {.trainer = (int)(t->rank - o->num_servers),
-                                  .num_servers = (int)o->num_servers,
-                                  .lr = o->lr,
-                                  .checkpoint = o->checkpoint,
-                                  .server_wait_s = o->server_wait_s,
-                                  .positions = o->epochs * t->per_epoch,
-                                  .epochs = o->epochs};
-    if (!(t->ps = ps_net_client_new(&cfg)) || ps_net_client_attach(t->ps) < 0)
-        return -1;
     if (o->curves) {
         char prefix[4096], title[64];
         if (snprintf(prefix, sizeof prefix, "%s.rank%d", o->curves, t->rank) >= (int)sizeof prefix)
@@ -326,6 +364,9 @@ static int trainer_start(trainer_t *t)
         if (!(t->curves = curves_open(prefix, title, t->per_epoch)))
             return -1;
     }
+    note_joins(t);
+    if (zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT) < 0)
+        return -1;
     bool rejoined = zd_rpc_rejoined();
     if (rejoined && !o->checkpoint)
         printf("Rank %d rejoined the world; without --checkpoint it starts from its first "
@@ -334,8 +375,14 @@ static int trainer_start(trainer_t *t)
     if (o->checkpoint && (o->resume || rejoined)) {
         /* the same batches in the same order follow (the order depends on
            seed and epoch) */
-        if (ps_net_client_resume_point(t->ps, &t->done) < 0)
+        if (zd_ps_model_resume_position(t->model, ZD_TIMEOUT_DEFAULT, &t->done) < 0)
             return -1;
+        if (t->done > o->epochs * t->per_epoch)
+            return zd_error_set("checkpoint %s: this trainer had done %lld batches, more than "
+                                "%lld (%lld epoch(s))",
+                                o->checkpoint, (long long)t->done,
+                                (long long)(o->epochs * t->per_epoch), (long long)o->epochs);
+        t->done = t->done < 0 ? 0 : t->done;
         printf("Rank %d %s at batch %lld (%lld batches done)\n", t->rank,
                rejoined ? "rejoined the world; resuming" : "resuming", (long long)t->done,
                (long long)t->done);
@@ -357,26 +404,33 @@ static int trainer_start(trainer_t *t)
     return 0;
 }
 
-/*  After the last batch: tells shard 0, and prints the test accuracy of
-    the final weights. Trainers share one evaluation on the server (it
-    answers when the last trainer is done); one that waits longer than the
-    RPC timeout evaluates by itself. 0, 1 (a shard came back: train from
-    t->done again), or -1. */
+/*  After the last batch: tells rank 0, and prints the test accuracy of
+    the final weights, which the trainers share (one evaluation on rank
+    0, when the last is done); one that waits longer than the RPC timeout
+    evaluates by itself. 0, 1 (a shard came back: train from t->done
+    again), or -1. */
 static int trainer_finish(trainer_t *t)
 {
-    const options_t *o = t->o;
+    const rpc_ps_options_t *o = t->o;
     t->t1 = train_now();
     progress_end(&t->prog, t->t1);
     if (zd_dist_autograd_wait_releases(-1) < 0)
         return -1;
-    if (ps_net_client_finished(t->ps) < 0)
+    if (shard0_same(t) < 0 || zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT) < 0)
         return recover(t);
     printf("Training complete!\nGetting accuracy....\n");
     double acc;
-    if (ps_net_client_shared_accuracy(t->ps, o->eval_samples, &acc) < 0) {
+    zd_value_t *req = zd_value_int(o->eval_samples), *res = NULL;
+    int rc =
+        shard0_same(t) == 0 && req ? zd_ps_trainer_wait_all(0, req, ZD_TIMEOUT_DEFAULT, &res) : -1;
+    if (rc == 0)
+        rc = zd_value_get_float(res, &acc);
+    zd_value_unref(req);
+    zd_value_unref(res);
+    if (rc < 0) {
         fprintf(stderr, "rpc_ps trainer %d: shared evaluation failed (%s); evaluating alone\n",
                 t->rank, zd_error_last());
-        if (get_accuracy(t->ps, t->test, o->eval_samples, &acc) < 0)
+        if (get_accuracy(t, o->eval_samples, &acc) < 0)
             return -1;
     }
     printf("Rank %d test accuracy %.2f %%\n", t->rank, 100 * acc);
@@ -391,47 +445,69 @@ static int trainer_finish(trainer_t *t)
     return 0;
 }
 
-static int run_trainer(const options_t *o)
+/*  A trainer rank: trains until its batches are done, going back to the
+    servers' checkpoint as often as a shard is lost and comes back. 0, or
+    -1 (the error printed, and told to rank 0). */
+static int run_trainer(const rpc_ps_options_t *o, const char *name)
 {
     trainer_t t = {.o = o, .rank = (int)o->world.rank};
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
+    /* (before zd_rpc_init: the handle installs distributed autograd) */
+    if (!(t.model = zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL)) ||
+        zd_rpc_register_peer_joined(peer_joined, NULL) < 0) {
+        fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
+        zd_ps_model_free(t.model);
+        return -1;
+    }
+    printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o->world.world_size,
+           o->world.master_addr ? o->world.master_addr : "*", (long long)o->world.master_port);
+    if (flags_world_init(&o->world, name, o->init_timeout_s * 1000, "rpc_ps") < 0) {
+        zd_ps_model_free(t.model);
+        return -1;
+    }
     int rc = trainer_start(&t);
     while (rc == 0) {
         rc = run_training_loop(&t);
         if (rc == 0)
             rc = trainer_finish(&t);
-        if (rc == 0)
-            break;
-        if (rc == 1) /* the servers are back: on from the last checkpoint */
+        if (rc == 1) /* the servers are back: on from where they say */
             rc = 0;
+        else
+            break;
     }
     if (rc < 0) {
-        fprintf(stderr, "rpc_ps trainer %d: %s\n", t.rank, zd_error_last());
-        ps_net_client_report_failure(t.ps, t.done);
+        char why[1024];
+        snprintf(why, sizeof why, "%s", zd_error_last());
+        fprintf(stderr, "rpc_ps trainer %d: %s\n", t.rank, why);
+        /* rank 0 stops waiting for this trainer and names its error */
+        if (!zd_rpc_peer_is_lost(0) && zd_ps_trainer_failed(0, t.done, why, ZD_TIMEOUT_DEFAULT) < 0)
+            fprintf(stderr,
+                    "rpc_ps trainer %d: could not tell the server that this run failed: %s\n",
+                    t.rank, zd_error_last());
         if (t.curves) /* the plot of what there is */
             curves_draw(t.curves);
     }
     curves_close(t.curves);
-    ps_net_client_free(t.ps);
+    /* The model's RRefs go before the world does. */
+    zd_ps_model_free(t.model);
+    fflush(stdout);
+    /* Everyone waits here until every trainer is done: no limit (the
+       default), since training takes as long as it takes; a trainer that
+       dies or freezes is declared lost by the RPC layer, and the others
+       finish without it. A trainer whose run failed leaves with the
+       others when they are done within the RPC timeout, else alone. */
+    int64_t shutdown_ms = ZD_TIMEOUT_DEFAULT;
+    if (rc < 0)
+        shutdown_ms = zd_rpc_get_timeout() > 0 ? zd_rpc_get_timeout() : 60000;
+    if (zd_rpc_shutdown(true, shutdown_ms) < 0) {
+        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
+        rc = -1;
+    }
     zd_dataset_free(t.train);
     zd_dataset_free(t.test);
     return rc;
 }
-
-/*  A server runs a handler thread per trainer in flight, and glibc gives
-    threads arenas of their own (up to 8 per core), each keeping the blocks
-    its threads freed: with 16 trainers that cost the server 160 MB (peak
-    572 MB, 412 MB with two arenas, measured on 2 cores). One arena per
-    core serves threads that run no more than that many at once. Left alone
-    when the user tuned malloc. */
-static void server_arenas(void)
-{
-    if (getenv("MALLOC_ARENA_MAX") || getenv("GLIBC_TUNABLES"))
-        return;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    mallopt(M_ARENA_MAX, cores < 1 ? 1 : (int)cores);
-}
-
-static int check_options(const options_t *o)
+static int check_options(const rpc_ps_options_t *o)
 {
     if (o->num_gpus != 0) {
         fprintf(stderr, "rpc_ps: --num_gpus=%lld: this build is CPU-only; use --num_gpus=0\n",
@@ -446,9 +522,9 @@ static int check_options(const options_t *o)
                 (long long)world_size, (long long)o->num_servers);
         return -1;
     }
-    if (o->num_servers > PS_NET_MAX_SERVERS) {
+    if (o->num_servers > PS_STAGES_MAX) {
         fprintf(stderr, "rpc_ps: --num_servers=%lld: at most %d shards\n",
-                (long long)o->num_servers, PS_NET_MAX_SERVERS);
+                (long long)o->num_servers, PS_STAGES_MAX);
         return -1;
     }
     if (o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)) {
@@ -467,11 +543,6 @@ static int check_options(const options_t *o)
     }
     if (o->resume && !o->checkpoint) {
         fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
-        return -1;
-    }
-    if (o->checkpoint && world_size - o->num_servers > PS_NET_MAX_TRAINERS) {
-        fprintf(stderr, "rpc_ps: --checkpoint handles up to %d trainers, this world has %lld\n",
-                PS_NET_MAX_TRAINERS, (long long)(world_size - o->num_servers));
         return -1;
     }
     if (o->progress_s < 0 || o->eval_every < 0 || o->log_interval < 0) {
@@ -535,19 +606,19 @@ int main(int argc, char **argv)
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    options_t o = {.world = flags_world_default(),
-                   .num_servers = 1,
-                   .batch_size = 32,
-                   .epochs = 1,
-                   .seed = 1,
-                   .log_interval = 0,
-                   .check_interval = 5,
-                   .lr = 0.03,
-                   .progress_s = 5,
-                   .init_timeout_s = 60,
-                   .checkpoint_every = 100,
-                   .min_trainers = 1,
-                   .server_wait_s = 120};
+    rpc_ps_options_t o = {.world = flags_world_default(),
+                          .num_servers = 1,
+                          .batch_size = 32,
+                          .epochs = 1,
+                          .seed = 1,
+                          .log_interval = 0,
+                          .check_interval = 5,
+                          .lr = 0.03,
+                          .progress_s = 5,
+                          .init_timeout_s = 60,
+                          .checkpoint_every = 100,
+                          .min_trainers = 1,
+                          .server_wait_s = 120};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
@@ -617,8 +688,6 @@ int main(int argc, char **argv)
 
     int rank = (int)o.world.rank;
     bool server = rank < o.num_servers;
-    if (server)
-        server_arenas();
     char name[64];
     if (server && rank == 0)
         snprintf(name, sizeof name, "parameter_server");
@@ -626,114 +695,23 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "parameter_server_%d", rank);
     else
         snprintf(name, sizeof name, "trainer_%d", rank);
-
     /* Trainers only compute losses; a server with several trainers runs
        their passes at once, one thread each, which beats splitting every
        pass over all cores while the passes wait for each other. */
     int64_t threads = o.threads;
     if (threads == 0 && (!server || o.world.world_size - o.num_servers >= 2))
         threads = 1;
-    if (threads > 0 && zd_nn_set_num_threads((int)threads) < 0)
-        goto fail;
-    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0)
-        goto fail;
-    if (server) {
-        ps_net_set_init_from(o.init_from);
-        ps_net_set_save_model(o.save_model);
+    if (threads > 0 && zd_nn_set_num_threads((int)threads) < 0) {
+        fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
+        return 1;
     }
-    if (server &&
-        ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout, o.data_dir,
-                     stdout) < 0)
-        goto fail;
-    /* The servers take only their own optimizer (this --lr): a trainer
-       started with another is refused by name, instead of its steps
-       ruining the weights every trainer shares (issue 24 point 6). */
-    zd_optim_config_t server_cfg = zd_optim_sgd_defaults(o.lr);
-    zd_dist_optim_owner_limits_t limits = zd_dist_optim_owner_limits_default();
-    limits.config = &server_cfg;
-    if (server && zd_dist_optim_set_owner_limits(&limits) < 0)
-        goto fail;
-    if (server)
-        ps_net_set_max_batch(o.max_batch_size > 0          ? o.max_batch_size
-                                 : 4 * o.batch_size > 1024 ? 4 * o.batch_size
-                                                           : 1024);
-    if (server)
-        ps_net_set_max_inflight((int)o.max_inflight);
-    if (server && o.checkpoint &&
-        ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
-                                 (int)(o.world.world_size - o.num_servers)) < 0)
-        goto fail;
-    printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o.world.world_size,
-           o.world.master_addr ? o.world.master_addr : "*", (long long)o.world.master_port);
-    if (server)
-        printf("PS master initializing RPC\n");
-    fflush(stdout);
     /* With checkpoints a lost rank 0 may come back: the others keep
        registering with the rendezvous address while trainers wait for it
        (set for every rank: rank 0 hands it to its members). */
     char wait_s[32];
     snprintf(wait_s, sizeof wait_s, "%lld", (long long)o.server_wait_s);
-    if (o.checkpoint && !getenv("ZDIST_MASTER_WAIT_S") &&
-        setenv("ZDIST_MASTER_WAIT_S", wait_s, 1) < 0)
-        goto fail;
-    if (!server && ps_net_client_hooks() < 0)
-        goto fail;
-    if (flags_world_init(&o.world, name, o.init_timeout_s * 1000, "rpc_ps") < 0)
-        return 1;
-    if (server)
-        printf("RPC initialized! Running parameter server...\n");
-    int rc = server ? 0 : run_trainer(&o);
-    if (server && rank == 0 && o.checkpoint)
-        ps_net_wait_trainers((double)o.server_wait_s);
-    fflush(stdout);
-    /* Everyone waits here until every trainer is done: no limit (the
-       default), since training takes as long as it takes; a trainer that
-       dies or freezes is declared lost by the RPC layer (the heartbeat:
-       ZDIST_HEARTBEAT_S), and the others finish without it. A trainer
-       whose run failed has nothing to wait for: it leaves with the others
-       when they are done within the RPC timeout (--rpc_timeout_s), else
-       alone (PyTorch's rpc.shutdown takes a timeout too). */
-    int64_t shutdown_ms = ZD_TIMEOUT_DEFAULT;
-    if (rc < 0)
-        shutdown_ms = zd_rpc_get_timeout() > 0 ? zd_rpc_get_timeout() : 60000;
-    if (zd_rpc_shutdown(true, shutdown_ms) < 0) {
-        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
-        rc = -1;
-    }
-    if (server && rank == 0) {
-        int64_t samples;
-        double secs;
-        ps_net_throughput(&samples, &secs);
-        if (secs > 0)
-            printf("aggregate throughput %.0f samples/s (%lld samples in %.2f s)\n",
-                   (double)samples / secs, (long long)samples, secs);
-        int finished = ps_net_trainers_report(stdout);
-        printf("%d of %lld trainers finished\n", finished,
-               (long long)(o.world.world_size - o.num_servers));
-        if (finished < o.min_trainers) {
-            /* Why, when a trainer said: the server's error names the cause. */
-            char why[600];
-            int failed = ps_net_trainers_failed(why, sizeof why);
-            fprintf(stderr,
-                    "rpc_ps %s: only %d trainer(s) finished, fewer than "
-                    "--min_trainers=%lld%s%s",
-                    name, finished, (long long)o.min_trainers, failed ? "; " : "", why);
-            if (failed > 1)
-                fprintf(stderr, " (and %d more failed)", failed - 1);
-            fprintf(stderr, "\n");
-            rc = -1;
-        }
-        const char *why;
-        if (o.save_model && ps_net_save_model_result(&why) != 1) {
-            fprintf(stderr, "rpc_ps %s: --save_model=%s: not written: %s\n", name, o.save_model,
-                    why);
-            rc = -1;
-        }
-    }
-    if (server)
-        ps_net_free();
+    if (o.checkpoint && !getenv("ZDIST_MASTER_WAIT_S"))
+        setenv("ZDIST_MASTER_WAIT_S", wait_s, 1);
+    int rc = server ? rpc_ps_serve(&o, name) : run_trainer(&o, name);
     return rc == 0 ? 0 : 1;
-fail:
-    fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
-    return 1;
 }

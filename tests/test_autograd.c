@@ -418,8 +418,8 @@ static void test_saving_the_output_frees_without_backward(void **state)
 }
 
 /*  A node that passes its output's gradient on as its input's, as a
-    snapshot of parameters does (examples/ps_net_snapshot.c), and one
-    that makes a new gradient and notes where its values are. */
+    forward on a copy of parameters would, and one that makes a new
+    gradient and notes where its values are. */
 static const float *made_here;
 
 static int pass_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)

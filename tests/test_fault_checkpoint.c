@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  rpc_ps with --checkpoint when a run fails on its own, no process killed
     or frozen (issue 24 point 7). Before, a trainer whose run failed waited
-    in zd_rpc_shutdown's barrier for rank 0, which waited in
-    ps_net_wait_trainers for that trainer to finish: nothing ever exited.
+    in zd_rpc_shutdown's barrier for rank 0, which waited for that
+    trainer to finish (zd_ps_trainers_wait): nothing ever exited.
     Every case checks that every process ends within a bound, non-zero,
     and that the server names the cause too:
       - a prefix that cannot be written (a folder that is not there, a path
@@ -11,11 +11,11 @@
       - divergence (--lr=1000): both trainers fail, say so to the server,
         and the world ends; under tools/launch --max_restarts too;
     and, as root in a mount namespace of its own (`--tmpfs`, 77 otherwise):
-      - a disk that fills mid-run (a tmpfs with room for one checkpoint
-        file): the second checkpoint fails, the trainers fail naming the
-        error, the server names it, and the failed write left the first
-        generation alone: no .prev equal to the current file, no temporary
-        file behind;
+      - a disk that fills mid-run (a tmpfs with room for two checkpoint
+        files: the run's start and the first checkpoint): the second
+        checkpoint fails, the trainers fail naming the error, the server
+        names it, and the failed write left the first generation alone:
+        no .prev equal to the current file, no temporary file behind;
       - a read-only file system: refused at start.
     Ranks are processes of their own, started as a user would. */
 #define _GNU_SOURCE /* unshare */
@@ -43,7 +43,7 @@
 #define SLOW 1
 #endif
 /*  Every world ends within this (seconds): a trainer that fails waits at
-    most 5 s to learn whether a server was lost (ps_net_client_recover), its
+    most 5 s to learn whether a server was lost (rpc_ps's recover), its
     report and its shutdown are quick when the server is alive. */
 #define BOUND_S (40 * SLOW)
 
@@ -296,9 +296,10 @@ static bool same_file_content(const char *a, const char *b)
 static void test_disk_fills(void **state)
 {
     (void)state;
-    /* Room for one shard file (4.8 MB) but not two: the first checkpoint
-       is written, the second finds the disk full. */
-    mount_tmpfs(7 * 1024, false);
+    /* Room for two shard files (4.8 MB each) but not three: the run's
+       start (version 0) and the first checkpoint are written, the second
+       finds the disk full. */
+    mount_tmpfs(12 * 1024, false);
     char flag[128];
     snprintf(flag, sizeof flag, "--checkpoint=%s/ck", g_mnt);
     const char *const extra[] = {
@@ -311,12 +312,14 @@ static void test_disk_fills(void **state)
     assert_true(took < BOUND_S);
     for (int r = 0; r < 3; r++)
         assert_int_equal(w.rc[r], 1);
-    /* The trainers fail naming the error; so does the server, at the
-       write and at the end. */
+    /* The trainers fail naming the error; so does the server, as each
+       trainer tells it and at the end. */
     const char *enospc = "No space left on device";
     assert_non_null(strstr(out(&w, 1), enospc));
     assert_non_null(strstr(out(&w, 2), enospc));
-    assert_non_null(strstr(out(&w, 0), "checkpoint generation 2 not written"));
+    const char *told = strstr(out(&w, 0), "(rank 1) failed at batch ");
+    assert_non_null(told);
+    assert_non_null(strstr(told, enospc));
     const char *last = strstr(out(&w, 0), "only 0 trainer(s) finished");
     assert_non_null(last);
     assert_non_null(strstr(last, enospc));

@@ -37,7 +37,9 @@
 #include <zdist/log.h>
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
-#include "examples/ps_net.h"
+#include <zdist/model.h>
+#include <zdist/ps.h>
+#include "examples/ps_stages.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
@@ -518,11 +520,14 @@ static void test_hostile_peer_against_distributed_autograd(void **state)
 
 /*  ---- rpc_ps's parameter server against a hostile trainer ----
 
-    Rank 0 serves the tutorial's Net (examples/ps_net.h) with checkpoints
-    and --max_batch_size=64; rank 1, trainer 0, records its position and
-    steps; rank 2, trainer 1, tries to falsify trainer 0's position, read
-    it, send oversized and malformed batches, ask for a part of fc1, and
-    step with a nan gradient. */
+    Rank 0 serves rpc_ps's stage of the Net (examples/ps_stages.h) on the
+    layer's remote model, with checkpoints and a batch limit of 64; rank
+    1, trainer 0, steps and checkpoints its position; rank 2, trainer 1,
+    sends oversized and malformed batches, asks for the stage's
+    parameters (rank 0's alone to ask), and steps with a nan gradient. A
+    trainer's position is kept under the rank of its calls (the RPC layer
+    names the caller): there is no argument for trainer 1 to name trainer
+    0's, and each trainer's position is checked to be its own. */
 
 #define PS_MAX_BATCH 64
 
@@ -530,6 +535,10 @@ static char ps_prefix[256];
 static pthread_mutex_t ps_done_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ps_done_cond = PTHREAD_COND_INITIALIZER;
 static int ps_done;
+static zd_nn_module_t *ps_stage;     /* rank 0 */
+static zd_ps_model_server_t *ps_srv; /* rank 0 */
+static zd_ps_model_t *ps_model;      /* ranks 1 and 2 */
+static float ps_before;              /* rank 0: a parameter's value before any step */
 
 static zd_value_t *fn_ps_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -541,19 +550,30 @@ static zd_value_t *fn_ps_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_none();
 }
 
+/*  The stage's first parameter's first value, as rank 0 serves it. */
+static float ps_first_value(void)
+{
+    zd_named_tensors_t *nt = zd_ps_model_server_params(ps_srv);
+    float v = nt ? zd_tensor_data(zd_named_tensors_tensor(nt, 0))[0] : NAN;
+    zd_named_tensors_free(nt);
+    return v;
+}
+
 static int ps_setup(const world_t *w)
 {
-    if (zd_dist_optim_init() < 0)
-        return -1;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(0.1);
     if (w->rank != 0)
-        return 0;
-    FILE *quiet = fopen("/dev/null", "w");
-    int rc = ps_net_serve(0, 1, 1, false, NULL, quiet ? quiet : stderr);
-    if (quiet)
-        fclose(quiet);
-    ps_net_set_max_batch(PS_MAX_BATCH);
+        return (ps_model = zd_ps_model_new(NULL, 1, &sgd, NULL)) ? 0 : -1;
+    zd_nn_module_t *net = zd_nn_net_new(1);
+    ps_stage = net ? ps_stage_new(net, 0, 1, PS_MAX_BATCH, 1, false) : NULL;
+    zd_nn_module_free(net);
+    zd_ps_options_t po = zd_ps_options_default();
+    po.max_input_numel = ps_stage_max_input(0, PS_MAX_BATCH);
+    po.checkpoint_path = ps_prefix;
+    ps_srv = ps_stage ? zd_ps_model_server_new(ps_stage, 0, 1, &po) : NULL;
+    int rc = ps_srv && ps_stages_register(ps_srv, ps_stage) == 0 ? 0 : -1;
     if (rc == 0)
-        rc = ps_net_checkpoint_enable(ps_prefix, false, 32, 2);
+        ps_before = ps_first_value();
     if (rc == 0)
         rc = zd_rpc_register("t_done", fn_ps_done, NULL);
     zd_log_set_sink(log_sink, NULL);
@@ -570,88 +590,54 @@ static zd_tensor_t *images(int64_t n, int64_t c, float v)
     return x;
 }
 
-/*  Calls fn on the server; 0 when it failed with an error containing why. */
-static int ps_refused(zd_value_t *args, const char *fn, const char *why)
+/*  A forward of x through the served stage; 0 when it failed with an
+    error containing why. */
+static int ps_forward_refused(zd_tensor_t *x, const char *why)
 {
-    zd_value_t *r = NULL;
-    int rc = zd_rpc_sync(0, fn, args, ZD_TIMEOUT_DEFAULT, &r);
-    zd_value_unref(args);
-    zd_value_unref(r);
+    zd_tensor_t *out = NULL;
+    int rc = zd_ps_model_forward(ps_model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT);
+    zd_tensor_unref(out);
+    zd_tensor_unref(x);
     if (rc == 0 || !strstr(zd_error_last(), why)) {
-        fprintf(stderr, "%s: %s, expected an error with \"%s\"\n", fn,
+        fprintf(stderr, "forward: %s, expected an error with \"%s\"\n",
                 rc == 0 ? "succeeded" : zd_error_last(), why);
         return -1;
     }
     return 0;
 }
 
-static int ps_int(zd_value_t *args, const char *fn, int64_t *out)
+/*  One step of the Net on batch x under a new context, its loss scaled
+    by scale: 0, -1 (the step refused, the error set), or -2 (failed
+    before the step). */
+static int ps_step(zd_tensor_t *x, float scale)
 {
-    zd_value_t *r = NULL;
-    int rc = zd_rpc_sync(0, fn, args, ZD_TIMEOUT_DEFAULT, &r);
-    zd_value_unref(args);
-    if (rc == 0 && out)
-        rc = zd_value_get_int(r, out);
-    zd_value_unref(r);
-    return rc;
+    zd_tensor_t *out = NULL, *mean = NULL, *loss = NULL;
+    int rc = -1, step_rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
+        if (zd_ps_model_forward(ps_model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) == 0 &&
+            zd_tensor_mean(out, &mean) == 0 && zd_tensor_scale(mean, scale, &loss) == 0 &&
+            zd_ps_model_backward(ps_model, ctx, loss) == 0)
+            rc = 0;
+        if (rc == 0)
+            step_rc = zd_ps_model_step(ps_model, ctx);
+    }
+    zd_tensor_unref(out);
+    zd_tensor_unref(mean);
+    zd_tensor_unref(loss);
+    return rc < 0 ? -2 : step_rc;
 }
 
-/*  One step of the Net on batch x under a new context with the
-    parameters' RRefs; the first parameter's value before and after. */
-static int ps_step(zd_tensor_t *x, float *before, float *after)
+/*  A checkpoint of this trainer's position, asked again when the other
+    trainer's took a newer generation meanwhile (ZD_ERR_STALE). */
+static int ps_checkpoint(int64_t position)
 {
-    zd_value_t *list = NULL, *v = NULL;
-    zd_dist_optim_t *opt = NULL;
-    zd_tensor_t *out = NULL, *loss = NULL, *p;
-    int64_t ctx = -1;
-    zd_rref_list_t *params = zd_rref_list_new();
-    int rc = params ? zd_rpc_sync(0, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &list) : -1;
-    size_t n = rc == 0 ? zd_list_len(list) : 0;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        zd_rref_t *pr;
-        rc = zd_rpc_arg_rref(list, i, &pr) < 0 ? -1 : zd_rref_list_append(params, pr);
-    }
-    zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
-    if (rc == 0 && !(opt = zd_dist_optim_new(&cfg, params)))
-        rc = -1;
-    if (rc == 0 &&
-        (rc = zd_rref_to_here(zd_rref_list_get(params, 0), ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
-        (rc = zd_value_get_tensor(v, &p)) == 0)
-        *before = ((float *)zd_tensor_data(p))[0];
-    zd_value_unref(v);
-    v = NULL;
-    if (rc == 0)
-        rc = zd_dist_autograd_context_begin(&ctx);
-    zd_value_t *r = NULL, *fargs = zd__rpc_args("iti", (int64_t)0, x, (int64_t)1);
-    if (rc == 0 && (rc = zd_rpc_sync(0, "ps_forward", fargs, ZD_TIMEOUT_DEFAULT, &r)) == 0 &&
-        (rc = zd_value_get_tensor(r, &out)) == 0)
-        zd_tensor_ref(out);
-    zd_value_unref(r);
-    zd_value_unref(fargs);
-    if (rc == 0)
-        rc = zd_tensor_mean(out, &loss);
-    if (rc == 0)
-        rc = zd_dist_autograd_backward(ctx, &loss, 1, false);
-    int step_rc = rc == 0 ? zd_dist_optim_step(opt, ctx) : -1;
-    char step_error[512];
-    snprintf(step_error, sizeof step_error, "%s", zd_error_last());
-    if (ctx != -1)
-        zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
-    if (rc == 0 &&
-        (rc = zd_rref_to_here(zd_rref_list_get(params, 0), ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
-        (rc = zd_value_get_tensor(v, &p)) == 0)
-        *after = ((float *)zd_tensor_data(p))[0];
-    zd_value_unref(v);
-    zd_tensor_unref(out);
-    zd_tensor_unref(loss);
-    zd_dist_optim_free(opt);
-    zd_rref_list_free(params);
-    zd_value_unref(list);
-    if (rc < 0)
-        return -2;
-    if (step_rc < 0)
-        zd_error_set("%s", step_error);
-    return step_rc;
+    int rc = -1;
+    for (int tries = 0; rc < 0 && tries < 5; tries++)
+        if ((rc = zd_ps_model_checkpoint(ps_model, position, ZD_TIMEOUT_DEFAULT)) < 0 &&
+            zd_error_code() != ZD_ERR_STALE)
+            break;
+    return rc;
 }
 
 static int ps_server(const world_t *w)
@@ -666,6 +652,8 @@ static int ps_server(const world_t *w)
     pthread_mutex_unlock(&ps_done_lock);
     WCHECK(done == 2);
     WCHECK(check_logged(w, "step refused, nothing applied", "worker \"worker2\" (rank 2)") == 0);
+    float after = ps_first_value();
+    WCHECK(isfinite(after) && after != ps_before); /* trainer 0's step, nothing of the nan one */
     zd_log_set_sink(NULL, NULL);
     return 0;
 }
@@ -674,56 +662,61 @@ static int ps_trainer0(const world_t *w)
 {
     (void)w;
     int64_t at = -1;
-    WTRY(ps_int(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)5), "ps_checkpoint", NULL));
-    float before = 0, after = 0;
     zd_tensor_t *x = images(8, 1, 0.5f);
-    WCHECK(ps_step(x, &before, &after) == 0);
-    zd_tensor_unref(x);
-    WCHECK(before != after); /* a legitimate step is applied */
-    WTRY(ps_int(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)7), "ps_checkpoint", NULL));
-    WTRY(ps_int(zd__rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point", &at));
+    WCHECK(ps_step(x, 1) == 0);
+    WTRY(ps_checkpoint(7));
+    WTRY(zd_ps_model_resume_position(ps_model, ZD_TIMEOUT_DEFAULT, &at));
     WCHECK(at == 7);
-    WTRY(ps_int(NULL, "t_done", NULL));
+    WTRY(zd_rpc_sync(0, "t_done", NULL, ZD_TIMEOUT_DEFAULT, NULL));
+    zd_tensor_unref(x);
+    zd_ps_model_free(ps_model);
     return 0;
 }
 
 static int ps_trainer1(const world_t *w)
 {
-    (void)w;
-    /* Trainer 1 (rank 2) cannot move or read trainer 0's position. */
-    WTRY(ps_refused(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)999), "ps_checkpoint",
-                    "the caller is trainer 1"));
-    WTRY(ps_refused(zd__rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point",
-                    "the caller is trainer 1"));
-    int64_t own = -1;
-    WTRY(ps_int(zd__rpc_args("ii", (int64_t)0, (int64_t)1), "ps_resume_point", &own));
-    WCHECK(own == 0);
-    /* Batches the server does not take. */
-    zd_tensor_t *big = images(PS_MAX_BATCH + 1, 1, 0.5f), *rgb = images(4, 3, 0.5f);
-    WTRY(ps_refused(zd__rpc_args("iti", (int64_t)0, big, (int64_t)1), "ps_forward",
-                    "a batch of 65 images; this server takes 1 to 64"));
-    WTRY(ps_refused(zd__rpc_args("iti", (int64_t)0, rgb, (int64_t)1), "ps_forward",
-                    "this one is float32 [4,3,28,28]"));
-    WTRY(ps_refused(zd__rpc_args("ti", big, (int64_t)1), "ps_fc1_part", "only shard 0"));
-    zd_tensor_unref(big);
-    zd_tensor_unref(rgb);
-    /* A nan batch: its gradients are not finite, the step is refused and
-       the parameters stay as they were. */
-    float before = 0, after = 1;
-    zd_tensor_t *x = images(4, 1, NAN);
-    int rc = ps_step(x, &before, &after);
+    /* Batches the server does not take: too many images, or of three
+       channels (no more elements than the limit lets in). */
+    WTRY(ps_forward_refused(images(PS_MAX_BATCH + 1, 1, 0.5f), "max_input_numel"));
+    WTRY(ps_forward_refused(images(4, 3, 0.5f), "must be float32 (N, 1, 28, 28)"));
+    /* The stage's parameters are rank 0's to read. */
+    zd_value_t *r = NULL;
+    WCHECK(zd_rpc_sync(0, "rpc_ps_params", NULL, ZD_TIMEOUT_DEFAULT, &r) < 0);
+    WCHECK(strstr(zd_error_last(), "for rank 0 only, not \"worker2\" (rank 2)") != NULL);
+    /* A nan batch is refused at the forward; a nan loss makes gradients
+       that are not finite, and the step is refused. */
+    WTRY(ps_forward_refused(images(4, 1, NAN), "is nan, not finite"));
+    zd_tensor_t *x = images(4, 1, 0.5f);
+    int rc = ps_step(x, NAN);
     zd_tensor_unref(x);
     if (rc != -1 || !strstr(zd_error_last(), "the step was refused and nothing applied"))
         return world_fail(w, "a nan step: rc %d, \"%s\"", rc, zd_error_last());
-    /* (Trainer 0 may step in between: the value may move, but stays finite.) */
-    WCHECK(isfinite(before) && isfinite(after));
-    WTRY(ps_int(NULL, "t_done", NULL));
+    /* Its position is its own (trainer 0's stays 7): a step, and a
+       checkpoint at 3. */
+    x = images(4, 1, 0.5f);
+    rc = ps_step(x, 1);
+    zd_tensor_unref(x);
+    WCHECK(rc == 0);
+    WTRY(ps_checkpoint(3));
+    int64_t at = -2;
+    WTRY(zd_ps_model_resume_position(ps_model, ZD_TIMEOUT_DEFAULT, &at));
+    WCHECK(at == 3);
+    WTRY(zd_rpc_sync(0, "t_done", NULL, ZD_TIMEOUT_DEFAULT, NULL));
+    zd_ps_model_free(ps_model);
     return 0;
 }
 
 static int ps_run(const world_t *w)
 {
     return w->rank == 0 ? ps_server(w) : w->rank == 1 ? ps_trainer0(w) : ps_trainer1(w);
+}
+
+static int ps_teardown(const world_t *w)
+{
+    (void)w;
+    zd_ps_model_server_free(ps_srv);
+    zd_nn_module_free(ps_stage);
+    return 0;
 }
 
 static void test_hostile_trainer_against_the_parameter_server(void **state)
@@ -733,8 +726,12 @@ static void test_hostile_trainer_against_the_parameter_server(void **state)
     char dir[256];
     snprintf(dir, sizeof dir, "/tmp/zd_hostile_ps_%d", (int)getpid());
     assert_int_equal(mkdir(dir, 0700), 0);
-    world_options_t o = {
-        .world_size = 3, .setup = ps_setup, .fn = ps_run, .timeout_s = 180, .dist_autograd = true};
+    world_options_t o = {.world_size = 3,
+                         .setup = ps_setup,
+                         .fn = ps_run,
+                         .teardown = ps_teardown,
+                         .timeout_s = 180,
+                         .dist_autograd = true};
     int rc = world_run(&o);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

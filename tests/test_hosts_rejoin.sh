@@ -4,13 +4,13 @@
 # hosts (network namespaces A and B, tests/support/netns.sh) with a world
 # key (issue 12: rejoin "must work across hosts and with the key"). The
 # server (rank 0) runs on A as the README starts it, the trainers on B
-# with --master_addr=<A>. The fault is pinned with the ZDIST_FAULT hook
-# (examples/fault.h), the victim is started again on its host with its
+# with --master_addr=<A>. The fault is pinned with ZDIST_FAULT (the
+# library's fault points), the victim is started again on its host with its
 # own command line once its first process has exited, and every process
 # of the world must then exit 0:
 #   - trainer: rank 2 killed before its 25th batch, started again (no
-#     --resume): it rejoins, goes on from its last checkpoint (batch 20),
-#     and the server counts it again;
+#     --resume): it rejoins, goes on from the position the server kept
+#     (its last forward's, batch 23), and the server counts it again;
 #   - server: rank 0 killed in its third checkpoint and started again with
 #     --resume: the trainers on B wait for it (--server_wait_s, which rpc_ps
 #     hands to the RPC layer as ZDIST_MASTER_WAIT_S), register with it
@@ -112,7 +112,7 @@ expect trainer r0.log "rpc: \"trainer_2\" \(rank 2\) rejoined from "
 expect trainer r0.log "\(rank 2\), lost at batch"
 expect trainer r0.log "rejoined; counted again"
 expect trainer r0.log "2 of 2 trainers finished"
-expect trainer r2.log "Rank 2 rejoined the world; resuming at batch 20 \(20 batches done\)"
+expect trainer r2.log "Rank 2 rejoined the world; resuming at batch 23 \(23 batches done\)"
 expect trainer r2.log "rpc: CURVE on every connection, world key "
 expect trainer r1.log "rpc: \"trainer_2\" \(rank 2\) is back, at tcp://"
 for r in 1 2; do expect trainer r$r.log "Rank $r test accuracy "; done
@@ -123,7 +123,7 @@ report trainer
 rejoin server 0 "0:checkpoint:kill:3" "--resume"
 expect server r0.log "rpc: CURVE on every connection, world key "
 expect server r0.log "rpc: rank 0 \(\"parameter_server\"\) restarted and joined the running world"
-expect server r0.log "shard 0: loaded "
+expect server r0.log "parameter server shard 0: resumed from "
 # (the members' registrations queued before it listened are answered once)
 grep -q "was not restarted" "$T/server/r0.log" && bad="$bad r0.log turned a member away;"
 expect server r0.log "2 of 2 trainers finished"
@@ -143,9 +143,9 @@ common="$common --num_servers=2"
 rejoin shard 1 "1:forward:kill:50" "--resume"
 expect shard r1.first.log "rpc: CURVE on every connection, world key "
 expect shard r1.log "rpc: CURVE on every connection, world key "
-expect shard r1.log "shard 1: loaded "
+expect shard r1.log "parameter server shard 1: resumed from "
 expect shard r0.log "rpc: \"parameter_server_1\" \(rank 1\) rejoined from "
-expect shard r0.log "every shard goes back to checkpoint generation "
+expect shard r0.log "ps: stage 0 went back from version [0-9]+ to [0-9]+ \(generation [1-9]"
 expect shard r0.log "2 of 2 trainers finished"
 for r in 2 3; do
   expect shard r$r.log "Rank $r: server shard 1 lost at batch "

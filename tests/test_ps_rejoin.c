@@ -2,11 +2,12 @@
 /*  rpc_ps with processes that die and come back (issue 12 points 3 and
     4). Every rank is a process of its own, started as a user would (no
     launcher, which stops the world at the first death); the fault is
-    pinned with the ZDIST_FAULT hook (examples/fault.h), and the test
+    pinned with ZDIST_FAULT (the library's fault points), and the test
     starts the process again with the same flags:
       - a trainer killed before its 25th batch and started again rejoins
-        the running world, goes on from its last checkpointed position
-        (batch 20), finishes, and the server counts it again;
+        the running world, goes on from the position the server kept
+        (that of its last forward), finishes, and the server counts it
+        again;
       - the server killed in its third checkpoint (before writing it) and
         started again with --resume: the trainers wait for it, take their
         RRefs again, go back to the last checkpoint and finish; the final
@@ -139,9 +140,11 @@ static void test_trainer_killed_and_restarted_rejoins(void **state)
     world_wait(&w, deadline);
     for (int r = 0; r < RANKS; r++)
         assert_int_equal(w.rc[r], 0);
-    /* Its last checkpoint was at batch 20 (every 10 batches). */
+    /* The server kept the position its last forward carried (its 24th
+       batch's: 23 batches done), not only that of its last checkpoint at
+       batch 20: it goes on from there. */
     assert_non_null(strstr(out(&w, 2),
-                           "Rank 2 rejoined the world; resuming at batch 20 (20 "
+                           "Rank 2 rejoined the world; resuming at batch 23 (23 "
                            "batches done)"));
     assert_non_null(strstr(out(&w, 2), "Rank 2 test accuracy "));
     assert_non_null(strstr(out(&w, 1), "Rank 1 test accuracy "));
@@ -213,7 +216,7 @@ static void test_server_killed_and_restarted_with_resume(void **state)
        against parameters spoilt on the way back (chance is 10 %); that the
        server resumed from its checkpoint is checked below. */
     assert_true(acc > acc_whole - 8);
-    assert_non_null(strstr(out(&w, 0), "shard 0: loaded "));
+    assert_non_null(strstr(out(&w, 0), "parameter server shard 0: resumed from "));
     /* The registrations the trainers sent again while it was away, queued
        until it listened, are not taken for those of processes that
        declared it lost. */
@@ -245,15 +248,16 @@ static void test_server_killed_and_not_back_trainers_fail(void **state)
     world_free(&w);
 }
 
-/*  The generation recorded in the checkpoint file dir/c.shardS. */
+/*  The generation recorded in the checkpoint file dir/c.shardS (ps.meta:
+    format, shard, shards, version, generation). */
 static int64_t file_generation(const world_procs_t *w, int shard)
 {
     char path[128];
     snprintf(path, sizeof path, "%s/c.shard%d", w->dir, shard);
     zd_named_tensors_t *nt = zd_checkpoint_read(path);
     assert_non_null(nt);
-    zd_tensor_t *g = zd_named_tensors_find(nt, "generation");
-    int64_t gen = g ? zd_tensor_data_i64(g)[0] : -1;
+    zd_tensor_t *m = zd_named_tensors_find(nt, "ps.meta");
+    int64_t gen = m && zd_tensor_numel(m) == 5 ? zd_tensor_data_i64(m)[4] : -1;
     zd_named_tensors_free(nt);
     printf("%s: generation %lld\n", path, (long long)gen);
     return gen;
@@ -266,18 +270,6 @@ static long long number_after(const char *text, const char *key)
     return p ? strtoll(p + strlen(key), NULL, 10) : -1;
 }
 
-/*  The generation shard `shard` loaded last ("shard S: loaded PATH
-    (generation G)"), or -1. */
-static long long last_loaded(const char *text, int shard)
-{
-    char key[32];
-    snprintf(key, sizeof key, "shard %d: loaded ", shard);
-    const char *last = NULL;
-    for (const char *p = strstr(text, key); p; p = strstr(p + 1, key))
-        last = p;
-    return last ? number_after(last, "(generation ") : -1;
-}
-
 static void test_shard_1_killed_and_restarted_with_resume(void **state)
 {
     (void)state;
@@ -287,10 +279,13 @@ static void test_shard_1_killed_and_restarted_with_resume(void **state)
     world_procs_t w;
     world_init_n(&w, N);
     double t0 = program_now_s(), deadline = t0 + 300;
+    /* (the layer says at level info how a stage goes back) */
+    setenv("ZDIST_LOG_LEVEL", "info", 1);
     start_rank(&w, 0, flags);
-    /* Shard 1 serves a part of every forward (ps_fc1_part): its 50th is
-       about the 25th batch of each trainer, after their checkpoints at
-       batches 10 and 20, between two checkpoints. */
+    unsetenv("ZDIST_LOG_LEVEL");
+    /* Shard 1 serves a stage of every forward: its 50th is about the 25th
+       batch of each trainer, after their checkpoints at batches 10 and
+       20, between two checkpoints. */
     setenv("ZDIST_FAULT", "1:forward:kill:50", 1);
     start_rank(&w, 1, flags);
     unsetenv("ZDIST_FAULT");
@@ -329,17 +324,16 @@ static void test_shard_1_killed_and_restarted_with_resume(void **state)
         printf("rank %d: final accuracy %.2f %%\n", r, acc);
         assert_true(acc > 40); /* chance is 10 % */
     }
-    /* Shard 1 came back from its file; shard 0 rolled every shard back to
-       its own last generation (that of shard 1's file, or of the one it
-       kept as .prev when it died inside a checkpoint) and reloaded it. */
-    long long loaded1 = last_loaded(out(&w, 1), 1);
-    long long back_to = number_after(out(&w, 0), "every shard goes back to checkpoint generation ");
-    long long loaded0 = last_loaded(out(&w, 0), 0);
-    printf("shard 1 holds generation %lld; shard 0 went back to %lld and loaded %lld\n", loaded1,
-           back_to, loaded0);
-    assert_true(back_to >= 2); /* each trainer checkpoints at batches 10, 20, ... */
-    assert_true(loaded1 == back_to);
-    assert_true(loaded0 == back_to);
+    /* Shard 1 came back from its file; the trainers brought shard 0, which
+       ran on, back to that generation: not the run's start (generation
+       0), since each trainer had checkpointed at batches 10 and 20 (two
+       calls at once may complete one generation, so how many there are
+       depends on timing). */
+    const char *went = strstr(out(&w, 0), "ps: stage 0 went back from version ");
+    long long back_to = went ? number_after(went, "(generation ") : -1;
+    printf("shard 0 went back to generation %lld\n", back_to);
+    assert_non_null(strstr(out(&w, 1), "parameter server shard 1: resumed from "));
+    assert_true(back_to >= 1);
     assert_non_null(strstr(out(&w, 0), "2 of 2 trainers finished"));
     /* The checkpoints written since are of one generation on both shards,
        past the one they went back to. */

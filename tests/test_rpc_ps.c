@@ -30,9 +30,7 @@ static int setup(void **state)
 {
     (void)state;
     snprintf(launch_bin, sizeof launch_bin, "%s", program_path("tools/launch"));
-    /* rpc_ps, or the program to replace it (rpc_ps2: the same flags and lines) */
-    const char *ps = getenv("ZDIST_TEST_RPC_PS");
-    snprintf(ps_bin, sizeof ps_bin, "%s", program_path(ps ? ps : "examples/rpc_ps"));
+    snprintf(ps_bin, sizeof ps_bin, "%s", program_path("examples/rpc_ps"));
     snprintf(local_bin, sizeof local_bin, "%s", program_path("examples/train_local"));
     return 0;
 }

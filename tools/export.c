@@ -4,14 +4,15 @@
 
         build/tools/zdist-export PREFIX OUT.safetensors
 
-    Reads PREFIX.shard0, PREFIX.shard1, ... (up to the first that is not
-    there), which must all be of one generation (one checkpoint), puts the
+    Reads PREFIX.shard0, then the other shards its file names, which
+    must all be of one generation (one checkpoint), puts the
     tutorial Net back together (fc1's rows in shard order) and writes it
     to OUT, checked against the Net's shapes, with "generation" and "step"
     (the batches the trainers had done, summed) in its metadata: the file
     PyTorch's Net loads with load_state_dict, as rpc_ps --save_model
     writes it. */
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,22 +24,31 @@
 #include <zdist/model.h>
 #include <zdist/safetensors.h>
 
-#define MAX_SHARDS 64
+#define MAX_SHARDS 16
 #define NET_PARAMS 8
 
-/*  The int64 scalar or vector called name of shard s: its sum, or -1
-    (with the error set) when it is missing or of another kind. */
-static int64_t int_sum(const zd_named_tensors_t *s, const char *name, const char *path)
+/*  The int64 vector called name in a shard's file (at least min
+    entries), or NULL with the error set. */
+static const int64_t *ints(const zd_named_tensors_t *s, const char *name, int64_t min,
+                           const char *path)
 {
     zd_tensor_t *t = zd_named_tensors_find(s, name);
-    if (!t || zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) < 1) {
+    if (!t || zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_ndim(t) != 1 ||
+        zd_tensor_numel(t) < min) {
         zd_error_set("%s: no int64 \"%s\": not a checkpoint of rpc_ps", path, name);
-        return -1;
+        return NULL;
     }
-    int64_t sum = 0;
-    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        sum += zd_tensor_data_i64(t)[i];
-    return sum;
+    return zd_tensor_data_i64(t);
+}
+
+/*  The stage's name of the Net's parameter ("conv1.weight" is
+    "param.conv1_weight": a stage's own names have no dots). */
+static void stage_name(const char *name, char *out, size_t size)
+{
+    snprintf(out, size, "param.%s", name);
+    char *dot = strchr(out + 6, '.');
+    if (dot)
+        *dot = '_';
 }
 
 static int export_net(const char *prefix, const char *out)
@@ -46,40 +56,53 @@ static int export_net(const char *prefix, const char *out)
     zd_named_tensors_t *shards[MAX_SHARDS] = {0};
     int S = 0, rc = -1;
     bool prev;
-    int64_t generation = -1, step = 0;
+    int64_t generation = -1, step = 0, n_shards = 0;
     zd_nn_module_t *net = zd_nn_net_new(0); /* names and shapes to check against */
     zd_named_tensors_t *nt = zd_named_tensors_new();
     if (!net || !nt)
         goto out;
-    for (; S < MAX_SHARDS; S++) {
+    /* ps.meta: format 2, shard, shards, version, generation */
+    for (; S < MAX_SHARDS && (S == 0 || S < n_shards); S++) {
         char path[4200];
         snprintf(path, sizeof path, "%s.shard%d", prefix, S);
-        if (S > 0 && access(path, F_OK) < 0)
-            break;
         zd_named_tensors_t *s = shards[S] = zd_checkpoint_read(path);
-        if (!s)
+        const int64_t *meta = s ? ints(s, "ps.meta", 5, path) : NULL;
+        if (!meta)
             goto out;
-        int64_t g = int_sum(s, "generation", path);
-        if (g < 0)
-            goto out;
-        if (S == 0 && (step = int_sum(s, "trainer_progress", path)) < 0)
-            goto out;
-        if (S > 0 && g != generation) {
-            zd_error_set("%s is of generation %lld, %s.shard0 of %lld: the shards are not of "
-                         "one checkpoint",
-                         path, (long long)g, prefix, (long long)generation);
+        if (meta[0] != 2 || meta[1] != S || meta[2] < 1 || meta[2] > MAX_SHARDS ||
+            (S > 0 && meta[2] != n_shards)) {
+            zd_error_set("%s: shard %lld of %lld (format %lld): not shard %d of this "
+                         "checkpoint of rpc_ps",
+                         path, (long long)meta[1], (long long)meta[2], (long long)meta[0], S);
             goto out;
         }
-        generation = g;
+        if (S > 0 && meta[4] != generation) {
+            zd_error_set("%s is of generation %lld, %s.shard0 of %lld: the shards are not of "
+                         "one checkpoint",
+                         path, (long long)meta[4], prefix, (long long)generation);
+            goto out;
+        }
+        n_shards = meta[2];
+        generation = meta[4];
+        /* the batches the trainers had done: their positions, summed (a
+           damaged file's sum stops at INT64_MAX) */
+        zd_tensor_t *pos = zd_named_tensors_find(s, "ps.positions");
+        const int64_t *p = S == 0 && pos ? ints(s, "ps.positions", 0, path) : NULL;
+        if (S == 0 && pos && !p)
+            goto out;
+        for (int64_t i = 0; p && i < zd_tensor_numel(pos); i++)
+            step = p[i] <= 0 ? step : p[i] > INT64_MAX - step ? INT64_MAX : step + p[i];
     }
     prev = zd_autograd_set_grad_enabled(false);
     rc = 0;
     for (int k = 0; rc == 0 && k < NET_PARAMS; k++) {
         const char *name = zd_nn_module_param_name(net, k);
+        char in_stage[64];
+        stage_name(name, in_stage, sizeof in_stage);
         zd_tensor_t *pieces[MAX_SHARDS], *whole = NULL, *want = zd_nn_module_param(net, k);
         int n = 0;
         for (int s = 0; s < S; s++)
-            if ((pieces[n] = zd_named_tensors_find(shards[s], name)))
+            if ((pieces[n] = zd_named_tensors_find(shards[s], in_stage)))
                 n++;
         for (int i = 0; i < n; i++)
             if (zd_tensor_dtype(pieces[i]) != ZD_FLOAT32)
