@@ -11,7 +11,9 @@
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
+#include <zdist/dist_optim.h>
 #include <zdist/error.h>
+#include <zdist/function.h>
 #include <zdist/model.h>
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
@@ -33,6 +35,11 @@ typedef struct {
     pthread_mutex_t rng_lock;
     zd_rng_t rng;
     zd_tensor_t *p[NET_PARAMS]; /* borrowed from the module; NULL: not this stage's */
+    /* the parameters as the training forwards since the last step saw
+       them (ps_stages.h: what a backward reads) */
+    pthread_mutex_t copy_lock;
+    zd_tensor_t *copy[NET_PARAMS];
+    uint64_t copy_version;
 } stage_t;
 
 /*  fc1 rows of shard s of S: shard 0 holds the convolutions (about two
@@ -96,6 +103,86 @@ static int check_input(const stage_t *s, zd_tensor_t *const *in, int n_in)
     return 0;
 }
 
+/*  ---- the parameters a training forward uses ----
+
+    A step of another trainer must not change the weights a backward
+    reads (its gradients would be of weights no forward saw, and the
+    read would race the write), and holding steps off while backwards
+    run left a core idle: rpc_ps's server lets the backwards run beside
+    the steps (ps_stages_register). So a training forward computes with
+    a copy of the parameters taken under the layer's read lock, one copy
+    shared by the forwards between two steps (zd_dist_optim_version
+    tells), and a node hands each copy's gradient on to its parameter:
+    the gradients are exact for the weights the forward saw. */
+
+static int pass_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
+{
+    for (int i = 0; i < zd_autograd_node_n_inputs(n); i++)
+        if (zd_autograd_node_needs_grad(n, i))
+            gin[i] = zd_tensor_ref(gout[i]);
+    return 0;
+}
+
+static const zd_autograd_node_ops_t pass_ops =
+    ZD_AUTOGRAD_NODE_OPS("ParameterCopyBackward", pass_backward, NULL);
+
+/*  Into use[], what this forward computes with: with grad mode off (an
+    evaluation: no backward) the parameters themselves, else views of
+    the current copies recorded as outputs of a node over the
+    parameters (new references). Called under the layer's read lock. 0,
+    or -1. */
+static int params_for_forward(stage_t *s, zd_tensor_t **use)
+{
+    zd_tensor_t *params[NET_PARAMS], *copies[NET_PARAMS];
+    int n = 0, rc = 0;
+    for (int i = 0; i < NET_PARAMS; i++)
+        use[i] = NULL;
+    if (!zd_autograd_is_grad_enabled()) {
+        for (int i = 0; i < NET_PARAMS; i++)
+            use[i] = s->p[i] ? zd_tensor_ref(s->p[i]) : NULL;
+        return 0;
+    }
+    uint64_t version = zd_dist_optim_version();
+    pthread_mutex_lock(&s->copy_lock);
+    for (int i = 0; i < NET_PARAMS && rc == 0; i++) {
+        if (!s->p[i])
+            continue;
+        if (!s->copy[i] || s->copy_version != version) {
+            zd_tensor_t *c = zd_tensor_detach_copy(s->p[i]);
+            if (!c) {
+                rc = -1;
+                break;
+            }
+            zd_tensor_unref(s->copy[i]);
+            s->copy[i] = c;
+        }
+        params[n] = s->p[i];
+        copies[n++] = zd_tensor_ref(s->copy[i]);
+    }
+    if (rc == 0)
+        s->copy_version = version;
+    pthread_mutex_unlock(&s->copy_lock);
+    /* each forward its own views of the copies, recorded as the outputs
+       of one node over the parameters */
+    zd_autograd_node_t *node = NULL;
+    if (rc == 0)
+        rc = zd_autograd_node_new(&pass_ops, params, n, n, &node);
+    for (int i = 0, k = 0; i < NET_PARAMS; i++) {
+        if (!s->p[i])
+            continue;
+        if (rc == 0 && !(use[i] = zd_tensor_detach(copies[k])))
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "stage %d: out of memory", s->shard);
+        if (rc == 0 && node)
+            zd_autograd_node_set_output(node, use[i]);
+        zd_tensor_unref(copies[k++]);
+    }
+    zd_autograd_node_unref(node);
+    if (rc < 0)
+        for (int i = 0; i < NET_PARAMS; i++)
+            zd_tensor_unref_p(&use[i]);
+    return rc;
+}
+
 /*  h = f(h), keeping h's reference count right: each step of the forward. */
 #define STEP(call)                                                                                 \
     do {                                                                                           \
@@ -110,11 +197,11 @@ static int stage_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd
 {
     stage_t *s = zd_nn_module_state(m);
     bool last = s->shard == s->num_shards - 1, training = zd_nn_module_is_training(m);
-    zd_tensor_t **p = s->p, *h = NULL, *flat = NULL, *rows = NULL;
+    zd_tensor_t *p[NET_PARAMS], *h = NULL, *flat = NULL, *rows = NULL;
     if (n_out != ps_stage_outputs(s->shard, s->num_shards))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "stage %d gives %d output(s), asked for %d",
                                  s->shard, ps_stage_outputs(s->shard, s->num_shards), n_out);
-    if (check_input(s, in, n_in) < 0)
+    if (check_input(s, in, n_in) < 0 || params_for_forward(s, p) < 0)
         return -1;
     zd_rng_t rng; /* this forward's dropout masks */
     pthread_mutex_lock(&s->rng_lock);
@@ -149,12 +236,17 @@ static int stage_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd
     zd_tensor_unref(h);
     zd_tensor_unref(flat);
     zd_tensor_unref(rows);
+    for (int i = 0; i < NET_PARAMS; i++)
+        zd_tensor_unref(p[i]);
     return rc;
 }
 
 static void stage_free(void *arg)
 {
     stage_t *s = arg;
+    for (int i = 0; i < NET_PARAMS; i++)
+        zd_tensor_unref(s->copy[i]);
+    pthread_mutex_destroy(&s->copy_lock);
     pthread_mutex_destroy(&s->rng_lock);
     free(s);
 }
@@ -187,6 +279,7 @@ zd_nn_module_t *ps_stage_new(const zd_nn_module_t *net, int shard, int num_shard
     *s = (stage_t){
         .shard = shard, .num_shards = num_shards, .max_batch = max_batch, .dropout = dropout};
     pthread_mutex_init(&s->rng_lock, NULL);
+    pthread_mutex_init(&s->copy_lock, NULL);
     /* (a module that cannot be made frees its state: s) */
     zd_nn_module_t *m = zd_nn_module_new("NetStage", stage_forward, s, stage_free);
     if (!m)
@@ -291,7 +384,10 @@ int ps_stages_register(zd_ps_model_server_t *srv, zd_nn_module_t *stage)
     if (zd_rpc_register("rpc_ps_params", fn_params, NULL) < 0 ||
         zd_rpc_register("rpc_ps_gradient_sizes", fn_gradient_sizes, NULL) < 0)
         return -1;
-    return 0;
+    /* The backwards read the forwards' copies, not the parameters: they
+       need not hold the steps off, as the guard zd_dist_optim_init
+       installed (through zd_ps_model_server_new) has them do. */
+    return zd_dist_autograd_set_backward_guard(NULL, NULL);
 }
 
 /*  Files each [name, tensor] of shard's list into the Net's pieces. */

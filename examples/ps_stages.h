@@ -41,7 +41,13 @@ int64_t ps_stage_max_input(int shard, int64_t max_batch);
 /*  One line on the stage's parameters and fc1 rows into buf. Returns buf. */
 const char *ps_stage_describe(const zd_nn_module_t *stage, char *buf, size_t size);
 
-/*  Registers this shard's two functions (before zd_rpc_init):
+/*  Registers this shard's two functions (before zd_rpc_init, after
+    zd_ps_model_server_new) and lets distributed autograd's backwards run
+    beside the steps (zd_dist_autograd_set_backward_guard(NULL, NULL)): a
+    training forward computes with a copy of the stage's parameters, one
+    per step, through which the gradients reach them, so a backward reads
+    nothing a step writes and its gradients are exact for the weights
+    its forward saw:
       rpc_ps_params()              -> [[name, tensor], ...]: a copy of the
                                       stage's parameters, for rank 0 only
       rpc_ps_gradient_sizes(cid)   -> [[name, elements], ...]: the
