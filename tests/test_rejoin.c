@@ -163,6 +163,10 @@ static int newcomer(const world_t *w)
     for (int i = 0; i < w->world_size; i++)
         if (i != w->rank)
             WTRY(echo(i, 100 + i));
+    /* it formed no world: nobody rejoined it */
+    for (int i = 0; i < w->world_size; i++)
+        WCHECK(zd_rpc_peer_joins(i) == 0);
+    WCHECK(zd_rpc_peer_joins(-1) == -1 && zd_rpc_peer_joins(w->world_size) == -1);
     return 0;
 }
 
@@ -173,6 +177,8 @@ static int survivor(const world_t *w, int back)
     WTRY(zd_future_wait(joined, WAIT_MS));
     WTRY(zd_rpc_wait_peer(back, WAIT_MS));
     WCHECK(!zd_rpc_peer_is_lost(back));
+    /* counted before the callbacks ran */
+    WCHECK(zd_rpc_peer_joins(back) == 1 && zd_rpc_peer_joins(w->rank) == 0);
     WTRY(echo(back, 200 + w->rank));
     return 0;
 }

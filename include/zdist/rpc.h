@@ -619,6 +619,13 @@ typedef void(zd_rpc_peer_joined_fn)(void *arg, int peer, const char *name);
     for the life of the process; the same pair twice is one). 0, or -1. */
 ZD_API int zd_rpc_register_peer_joined(zd_rpc_peer_joined_fn *fn, void *arg);
 
+/*  Times rank rejoined since this process joined the world, counted
+    before calls to the new process work (before the peer_joined
+    callbacks): note it, compare it later, and a peer replaced meanwhile
+    is told apart from one that stayed. 0 or more, or -1 (not running, a
+    rank outside the world). */
+ZD_API int zd_rpc_peer_joins(int rank);
+
 /*  Waits until rank is a live member (not lost: a lost one has rejoined): 0, or
     -1 with ZD_ERR_TIMEOUT after timeout_ms (ZD_TIMEOUT_DEFAULT and
     ZD_TIMEOUT_NONE: no limit), ZD_ERR_NOT_INITIALIZED. */

@@ -76,6 +76,7 @@ typedef struct {
                                    connection comes up (membership.c) */
     int64_t remake_at_ns;       /* I/O thread: make its socket again then (0: no),
                                    the peer having refused our key */
+    atomic_int joins;           /* times it rejoined (membership.c: zd_rpc_peer_joins) */
     atomic_uint incarnation;    /* its process: one more at each rejoin, and at
                                    each socket made again after a refused key */
     atomic_uint losses;         /* at least one more each time it is declared lost, counted

@@ -288,7 +288,8 @@ int zd__transport_reach(zd__net_t *n, int dst, int64_t timeout_ms)
     if (fresh && n->io_started)
         zd__shm_offer(n, dst);
     return rc < 0
-        ? zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)", p->endpoint)
+        ? zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) unreachable (no connection to %s)",
+                            p->name, dst, p->endpoint)
         : 0;
 }
 
@@ -710,8 +711,9 @@ int zd__transport_send(zd__net_t *n, int dst, rpc_wire_header_t *h, zd_tensor_t 
                                  "(rank %d)",
                                  p->name, dst);
     if (bytes < 0)
-        return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
-                                 p->endpoint);
+        return zd_error_set_code(ZD_ERR_PEER,
+                                 "peer \"%s\" (rank %d) unreachable (no connection to %s)", p->name,
+                                 dst, p->endpoint);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }

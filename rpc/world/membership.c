@@ -396,6 +396,9 @@ static bool io_renew(void *arg)
         p->down_since_ns = 0;
         p->remake_at_ns = 0;
         p->reoffer = true;
+        /* before calls to it work again: whoever sees it alive sees the
+           count that tells it apart from the process that was lost */
+        atomic_fetch_add(&p->joins, 1);
         count_again(mb, rank);
     }
     mb->renew_rc = rc;
@@ -930,6 +933,14 @@ bool zd_rpc_rejoined(void)
     bool r = n && n->rejoined;
     zd__world_release(n);
     return r;
+}
+
+int zd_rpc_peer_joins(int rank)
+{
+    zd__net_t *n = zd__world_try_acquire();
+    int joins = n && rank >= 0 && rank < n->world ? atomic_load(&n->peers[rank].joins) : -1;
+    zd__world_release(n);
+    return joins;
 }
 
 int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
