@@ -926,6 +926,7 @@ struct zd_ps_model {
     /* each shard's instance when the stages were last brought to one
        generation (0: not looked at yet), and agree's scratch */
     int64_t *agreed, *scratch;
+    int *joins; /* zd_rpc_peer_joins of each shard's rank then */
     /* the stages are to be brought to one generation before the next
        forward or step: at the first, and after a stage was lost or
        changed (a trainer that runs its batch again without
@@ -985,6 +986,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
         (!(m->ranks = malloc((size_t)n_shards * sizeof *m->ranks)) ||
          !(m->instance = calloc((size_t)n_shards, sizeof *m->instance)) ||
          !(m->agreed = calloc((size_t)n_shards, sizeof *m->agreed)) ||
+         !(m->joins = calloc((size_t)n_shards, sizeof *m->joins)) ||
          !(m->scratch = calloc(5 * (size_t)n_shards, sizeof *m->scratch)))) {
         zd_ps_model_free(m);
         m = NULL;
@@ -1351,6 +1353,8 @@ static int agree(zd_ps_model_t *m, int64_t timeout_ms)
             return zd_error_wrap("ps: bringing the stages to one generation");
         if (rc == 0) {
             m->must_agree = false;
+            for (int s = 0; s < m->n_shards; s++)
+                m->joins[s] = zd_rpc_peer_joins(m->ranks[s]);
             return 0;
         }
         nanosleep(&(struct timespec){0, 20000000 * (attempt + 1)}, NULL);
@@ -1381,12 +1385,12 @@ int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position)
     return 0;
 }
 
-int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms)
+/*  One try of zd_ps_model_checkpoint: 0, or -1 with *again set when a
+    stage's write met another trainer's newer generation (asked again,
+    the stages write that one). */
+static int checkpoint_once(zd_ps_model_t *m, int64_t position, int64_t timeout_ms, bool *again)
 {
-    if (!m || position < 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_checkpoint: %s",
-                                 m ? "a position >= 0 is required" : "NULL");
-    zd__fault_point(zd_rpc_rank(), "checkpoint"); /* tests only (core/fault_point.h) */
+    *again = false;
     /* The position claims the batches before it on every stage: only
        after a step over stages that have not changed since. */
     if (!m->stepped || m->stale || m->must_agree)
@@ -1409,6 +1413,8 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
             if (!args)
                 return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_checkpoint: out of memory");
             if (call_stage(m, s, "checkpoint", FN_CKPT, args, timeout_ms, &v) < 0) {
+                /* (a dry run's ZD_ERR_STALE is the stage's own change) */
+                *again = !dry && zd_error_code() == ZD_ERR_STALE;
                 forget_lost(m);
                 return -1;
             }
@@ -1427,6 +1433,19 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
         }
     m->position = position;
     return 0;
+}
+
+int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms)
+{
+    if (!m || position < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_checkpoint: %s",
+                                 m ? "a position >= 0 is required" : "NULL");
+    zd__fault_point(zd_rpc_rank(), "checkpoint"); /* tests only (core/fault_point.h) */
+    bool again = true;
+    int rc = -1;
+    for (int tries = 0; rc < 0 && again && tries < 3; tries++)
+        rc = checkpoint_once(m, position, timeout_ms, &again);
+    return rc;
 }
 
 int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position)
@@ -1458,6 +1477,50 @@ int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *p
     return 0;
 }
 
+int zd_ps_model_lost_shard(zd_ps_model_t *m, int64_t timeout_ms)
+{
+    if (!m)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_lost_shard: NULL");
+    /* RPC declares a peer lost about 1 s after its connection dropped: a
+       call may fail first */
+    int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
+    for (;;) {
+        for (int s = 0; s < m->n_shards; s++)
+            if (zd_rpc_peer_is_lost(m->ranks[s]) || zd_rpc_peer_joins(m->ranks[s]) != m->joins[s])
+                return s;
+        if (deadline != ZD__NEVER && zd__ms_left(zd__now_ns(), deadline) <= 0)
+            return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                     "zd_ps_model_lost_shard: no shard lost or started again");
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+}
+
+int zd_ps_model_recover(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position)
+{
+    if (position)
+        *position = -1;
+    if (!m || !position)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_recover: NULL");
+    int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
+    for (;;) {
+        int64_t left =
+            deadline == ZD__NEVER ? ZD_TIMEOUT_NONE : zd__ms_left(zd__now_ns(), deadline);
+        if (left <= 0 && deadline != ZD__NEVER)
+            return zd_error_set_code(ZD_ERR_TIMEOUT, "zd_ps_model_recover: %s", zd_error_last());
+        if (zd_ps_model_wait_shards(m, left) == 0 &&
+            zd_ps_model_resume_position(m, left, position) == 0) {
+            if (*position < 0)
+                *position = 0;
+            return 0;
+        }
+        /* a shard just back may not take calls from everyone yet, or
+           was lost again: asked again while the time lasts */
+        if (zd_error_code() != ZD_ERR_PEER && zd_error_code() != ZD_ERR_TIMEOUT)
+            return -1;
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+}
+
 bool zd_ps_model_train(zd_ps_model_t *m, bool training)
 {
     if (!m)
@@ -1474,6 +1537,7 @@ void zd_ps_model_free(zd_ps_model_t *m)
     zd_dist_optim_free(m->opt);
     free(m->scratch);
     free(m->agreed);
+    free(m->joins);
     free(m->instance);
     free(m->ranks);
     free(m);

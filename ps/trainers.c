@@ -11,6 +11,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -600,6 +601,24 @@ void zd_ps_trainers_free(zd_ps_trainers_t *r)
 
 /*  ---- a trainer's calls ---- */
 
+/*  The host of this process's last zd_ps_trainer_started, and its
+    zd_rpc_peer_joins then: a host started again since has a book that
+    never heard of this trainer. */
+static atomic_int started_host = -1, started_joins;
+
+/*  0, or -1 (ZD_ERR_PEER) when host is the started one and was replaced
+    since. */
+static int host_same(const char *what, int host)
+{
+    if (host != atomic_load(&started_host) ||
+        zd_rpc_peer_joins(host) == atomic_load(&started_joins))
+        return 0;
+    return zd_error_set_code(ZD_ERR_PEER,
+                             "%s: the registry's host (rank %d) was lost and started again "
+                             "since this trainer's zd_ps_trainer_started",
+                             what, host);
+}
+
 static int call_host(const char *what, int host, const char *fn, zd_value_t *args,
                      int64_t timeout_ms, zd_value_t **result)
 {
@@ -616,11 +635,20 @@ static int call_host(const char *what, int host, const char *fn, zd_value_t *arg
 
 int zd_ps_trainer_started(int host, int64_t timeout_ms)
 {
-    return call_host("zd_ps_trainer_started", host, FN_STARTED, ZD_ARGS(), timeout_ms, NULL);
+    /* noted before the call: a host started again during it is met next */
+    int joins = zd_rpc_peer_joins(host);
+    int rc = call_host("zd_ps_trainer_started", host, FN_STARTED, ZD_ARGS(), timeout_ms, NULL);
+    if (rc == 0) {
+        atomic_store(&started_joins, joins);
+        atomic_store(&started_host, host);
+    }
+    return rc;
 }
 
 int zd_ps_trainer_finished(int host, int64_t timeout_ms)
 {
+    if (host_same("zd_ps_trainer_finished", host) < 0)
+        return -1;
     return call_host("zd_ps_trainer_finished", host, FN_FINISHED, ZD_ARGS(), timeout_ms, NULL);
 }
 
@@ -634,6 +662,11 @@ int zd_ps_trainer_gate(int host, int64_t done, int64_t bound, int64_t timeout_ms
 {
     zd_value_t *v = NULL;
     int64_t l = 0;
+    if (host_same("zd_ps_trainer_gate", host) < 0) {
+        if (lead)
+            *lead = 0;
+        return -1;
+    }
     int rc = call_host("zd_ps_trainer_gate", host, FN_GATE, ZD_ARGS(done, bound), timeout_ms, &v);
     if (rc == 0 && (rc = zd_value_get_int(v, &l)) < 0)
         zd_error_set_code(ZD_ERR_REMOTE, "the trainers' gate: answered %s, not an int",
@@ -649,6 +682,8 @@ int zd_ps_trainer_wait_all(int host, zd_value_t *request, int64_t timeout_ms, zd
     if (result)
         *result = NULL;
     zd__fault_point(zd_rpc_rank(), "evaluation"); /* tests only (core/fault_point.h) */
+    if (host_same("zd_ps_trainer_wait_all", host) < 0)
+        return -1;
     zd_value_t *req = request ? zd_value_ref(request) : zd_value_none();
     return call_host("zd_ps_trainer_wait_all", host, FN_WAIT_ALL, ZD_ARGS(req), timeout_ms, result);
 }

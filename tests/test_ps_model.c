@@ -1447,17 +1447,23 @@ static int restart_shard_1(const world_t *w)
     return 0;
 }
 
-/*  The recovery a trainer runs after ZD_ERR_PEER: waits for the shards
-    (they are brought to one generation), then asks where to go on from,
-    which must be `want`, and both stages must be at `version`. */
+/*  The recovery a trainer runs after ZD_ERR_PEER: shard 1 named as the
+    one lost or started again, then zd_ps_model_recover (the shards
+    waited for, brought to one generation) says where to go on from,
+    which must be `want` (-1: none, so 0), and both stages must be at
+    `version`. */
 static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want, int64_t version)
 {
     int64_t at = -2;
-    if (zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
-        return world_fail(w, "shard 1 not back: %s", zd_error_last());
-    if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != want)
+    int lost = zd_ps_model_lost_shard(model, world_scaled_ms(30000));
+    if (lost != 1)
+        return world_fail(w, "the shard lost: %d, not 1 (%s)", lost, zd_error_last());
+    if (zd_ps_model_recover(model, world_scaled_ms(30000), &at) < 0 || at != (want < 0 ? 0 : want))
         return world_fail(w, "resume position %lld, not %lld (%s)", (long long)at, (long long)want,
                           zd_error_last());
+    /* the stages as they are now are the ones it compares with */
+    if (zd_ps_model_lost_shard(model, 1) != -1 || zd_error_code() != ZD_ERR_TIMEOUT)
+        return world_fail(w, "a shard still seen lost after the recovery: %s", zd_error_last());
     if (shard_version(0) != version || shard_version(1) != version)
         return world_fail(w, "after the restart the stages are at versions %lld and %lld, not %lld",
                           (long long)shard_version(0), (long long)shard_version(1),
@@ -2028,6 +2034,12 @@ static void test_arguments(void **state)
     int64_t at = 7;
     assert_int_equal(zd_ps_model_resume_position(NULL, ZD_TIMEOUT_DEFAULT, &at), -1);
     assert_int_equal(at, -1);
+    at = 7;
+    assert_int_equal(zd_ps_model_recover(NULL, 1, &at), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(at, -1);
+    assert_int_equal(zd_ps_model_lost_shard(NULL, 1), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     zd_ps_model_free(NULL);
     zd_ps_model_server_free(NULL);
     zd_nn_module_free(stage);

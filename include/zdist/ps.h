@@ -529,8 +529,9 @@ ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
     checkpoint_path or with checkpoint_every), ZD_ERR_STALE (no step yet
     over the stages as they are: a new handle, or a stage lost, started
     again or gone back since, or going back now: zd_ps_model_wait_shards
-    and zd_ps_model_resume_position, a batch, then a checkpoint; a newer
-    generation of another trainer's on a stage: call it again),
+    and zd_ps_model_resume_position, a batch, then a checkpoint; another
+    trainer's newer generation met by three tries in a row: call it
+    again),
     ZD_ERR_REMOTE (a stage's write failed: a full disk, its text; the
     stages before it wrote theirs, a generation the others lack: call it
     again, which completes it, until it succeeds, or stop),
@@ -548,6 +549,24 @@ ZD_API int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t ti
     ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL; a stage without
     the generation, named). */
 ZD_API int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position);
+
+/*  After a call failed: the stage whose shard was lost, or started again
+    (zd_rpc_peer_joins), since the stages were last brought to one
+    generation, waiting up to timeout_ms (ZD_TIMEOUT_NONE and
+    ZD_TIMEOUT_DEFAULT: no limit) for RPC to declare a shard whose
+    connection just dropped lost. The stage, or -1: ZD_ERR_TIMEOUT (none:
+    the failure was not a shard's loss), ZD_ERR_ARGUMENT (NULL). */
+ZD_API int zd_ps_model_lost_shard(zd_ps_model_t *m, int64_t timeout_ms);
+
+/*  After ZD_ERR_PEER: zd_ps_model_wait_shards, then
+    zd_ps_model_resume_position, asked again (a shard just back may not
+    take calls from everyone yet, or was lost again) until both succeed
+    or timeout_ms is up (ZD_TIMEOUT_NONE and ZD_TIMEOUT_DEFAULT: no
+    limit): 0 with *position where this trainer goes on from (0: its
+    beginning), or -1 with *position -1: ZD_ERR_TIMEOUT (the last
+    error's text), ZD_ERR_ARGUMENT (NULL; a stage without the
+    generation), ZD_ERR_STOPPED, ZD_ERR_REMOTE. */
+ZD_API int zd_ps_model_recover(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position);
 
 /*  Sets the mode the next forwards run the stages in (training: dropout
     on; PyTorch's model.train(mode)); returns the previous one. Training
@@ -681,7 +700,11 @@ ZD_API void zd_ps_trainers_throughput(zd_ps_trainers_t *r, int64_t *samples, dou
 ZD_API void zd_ps_trainers_free(zd_ps_trainers_t *r);
 
 /*  A trainer tells the registry on rank host it started. 0, or -1 with
-    the call's error (each call below too; timeout_ms as zd_rpc_sync). */
+    the call's error (each call below too; timeout_ms as zd_rpc_sync).
+    The calls below but zd_ps_trainer_failed then fail with ZD_ERR_PEER,
+    sending nothing, once host was lost and started again
+    (zd_rpc_peer_joins): its new book never heard of this trainer, which
+    calls zd_ps_trainer_started again. */
 ZD_API int zd_ps_trainer_started(int host, int64_t timeout_ms);
 
 /*  A trainer tells the registry it finished its batches. 0, or -1. */
