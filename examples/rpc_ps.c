@@ -25,9 +25,7 @@
     (recover), --max_staleness, a diverging loss stopped, progress lines,
     curves, and --save_model / --init_from under PyTorch's names. */
 #include <errno.h>
-#include <malloc.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,14 +34,15 @@
 
 #include <zdist/zdist.h>
 
-#include "examples/curves.h"
 #include "examples/flags.h"
-#include "examples/progress.h"
 #include "examples/rpc_ps.h"
 #include "examples/ps_stages.h"
 #include "examples/train_common.h"
+#include "examples/train_log.h"
 
 #define EVAL_BATCH 500
+#define TEXT_(x)   #x
+#define TEXT(x)    TEXT_(x) /* a macro's value as a string */
 
 /*  A loss this large, or this many times the first one, means the model is
     diverging even while it is still finite. */
@@ -62,40 +61,8 @@ typedef struct {
     int64_t per_epoch, total; /* batches in an epoch; to train in all */
     int64_t done, trained;    /* position (batches done); batches trained by this process */
     float first_loss;
-    double t0, t1, eval_secs;
-    int joins[PS_STAGES_MAX]; /* the shards' join counts when this trainer last started */
-    progress_t prog;
-    curves_t *curves;
-    curves_points_t points;
+    train_log_t log; /* progress line, curves */
 } trainer_t;
-
-/*  Times each shard's rank joined the world again: rank 0 started again
-    since this trainer last (re)started would take its registry calls as
-    if nothing had happened, and the batches after its checkpoint would
-    be lost. */
-static atomic_int rank_joins[PS_STAGES_MAX];
-
-static void peer_joined(void *arg, int rank, const char *name)
-{
-    (void)arg, (void)name;
-    if (rank >= 0 && rank < PS_STAGES_MAX)
-        atomic_fetch_add(&rank_joins[rank], 1);
-}
-
-static void note_joins(trainer_t *t)
-{
-    for (int s = 0; s < PS_STAGES_MAX; s++)
-        t->joins[s] = atomic_load(&rank_joins[s]);
-}
-
-static int shard0_same(const trainer_t *t)
-{
-    if (atomic_load(&rank_joins[0]) != t->joins[0])
-        return zd_error_set_code(ZD_ERR_PEER,
-                                 "server shard 0 (rank 0) was lost and started "
-                                 "again since this trainer attached");
-    return 0;
-}
 
 /*  One batch: the tutorial's loop body, under a distributed autograd
     context. A loss that is not finite is refused before the backward: a
@@ -126,10 +93,14 @@ static int train_batch(trainer_t *t, zd_tensor_t *x, zd_tensor_t *y, bool check,
         *loss_out = zd_tensor_data(loss)[0];
     zd_tensor_unref(loss);
     zd_tensor_unref(out);
-    /* The peers free the context while the next batch starts. */
+    /* The peers free the context while the next batch starts; a batch
+       that failed keeps its own error, not the release's. */
+    zd_error_code_t code = zd_error_code();
+    char why[512];
+    snprintf(why, sizeof why, "%s", zd_error_last());
     if (zd_dist_autograd_context_release(cid) < 0 && rc == 0)
-        rc = -1;
-    return rc;
+        return -1;
+    return rc < 0 ? zd_error_set_code(code, "%s", why) : 0;
 }
 
 /*  The tutorial's get_accuracy: the first `limit` test images (0: all)
@@ -159,67 +130,45 @@ static int get_accuracy(trainer_t *t, int64_t limit, double *acc)
     return rc;
 }
 
-/*  The shard that was lost, or came back since this trainer started with
-    the servers; -1 when none did within 5 s (RPC declares a peer lost
-    about 1 s after its connection dropped). */
-static int shard_gone(const trainer_t *t)
-{
-    for (double until = train_now() + 5;;) {
-        for (int s = 0; s < t->o->num_servers; s++)
-            if (zd_rpc_peer_is_lost(s) || atomic_load(&rank_joins[s]) != t->joins[s])
-                return s;
-        if (train_now() >= until)
-            return -1;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
-}
-
-/*  A call to the servers failed. With --checkpoint, when a shard was lost:
-    waits for it (restarted with --resume) and for the layer to bring the
-    stages to its checkpoint, then 1, t->done moved to where the stages
-    say this trainer was; else -1 with the error set. */
+/*  A call to the servers failed. With --checkpoint, when a shard was
+    lost or started again: waits for it (restarted with --resume), for the
+    layer to bring the stages to its checkpoint, and for rank 0 to take
+    this trainer back; then 1, t->done moved to where the stages say this
+    trainer was. Else -1 with the error set. */
 static int recover(trainer_t *t)
 {
     const rpc_ps_options_t *o = t->o;
-    progress_clear(&t->prog);
+    train_log_clear(&t->log);
     if (!o->checkpoint)
         return -1;
     char why[512];
     snprintf(why, sizeof why, "%s", zd_error_last());
-    int shard = shard_gone(t);
+    int shard = zd_ps_model_lost_shard(t->model, 5000);
     if (shard < 0)
         return zd_error_set("%s", why);
-    double t0 = train_now(), wait_s = (double)o->server_wait_s;
+    double t0 = train_now();
     printf("Rank %d: server shard %d lost at batch %lld (%s); waiting up to %lld s "
            "(--server_wait_s) for it to come back\n",
            t->rank, shard, (long long)t->done, why, (long long)o->server_wait_s);
-    fflush(stdout);
     /* The releases of contexts the old process held fail: it is gone. */
     if (zd_dist_autograd_wait_releases(1000) < 0)
         printf("Rank %d: contexts of the lost server's process not released: %s\n", t->rank,
                zd_error_last());
-    int64_t start = -1;
-    /* Just back, a shard may not take calls from everyone yet (its new
-       connections are being made): try again until the wait is up. */
+    int64_t start = 0;
     for (;;) {
-        int64_t left = (int64_t)((t0 + wait_s - train_now()) * 1000);
+        int64_t left = (int64_t)((t0 + (double)o->server_wait_s - train_now()) * 1000);
         if (left <= 0)
             return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
                                 "--server_wait_s=%lld s: %s",
                                 shard, shard, why, (long long)o->server_wait_s, zd_error_last());
-        /* (the shards as they are back: a shard lost again later is
-           met by the next call) */
-        if (zd_ps_model_wait_shards(t->model, left) == 0 && (note_joins(t), true) &&
-            zd_ps_model_resume_position(t->model, left, &start) == 0 &&
-            zd_ps_trainer_started(0, left) == 0)
+        /* rank 0, just back, may not take the registry's calls yet */
+        if (zd_ps_model_recover(t->model, left, &start) == 0 && zd_ps_trainer_started(0, left) == 0)
             break;
         nanosleep(&(struct timespec){0, 100000000}, NULL);
     }
-    start = start < 0 ? 0 : start;
     printf("Rank %d: the servers are back after %.2f s; going on from batch %lld (the last "
            "checkpoint; %lld batch(es) of this trainer to take again)\n",
            t->rank, train_now() - t0, (long long)start, (long long)(t->done - start));
-    fflush(stdout);
     t->done = start;
     return 1;
 }
@@ -232,7 +181,7 @@ static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
     if (++t->trained == 1)
         t->first_loss = loss;
     if (loss > LOSS_EXPLODED || (t->first_loss > 0 && loss > LOSS_GROWTH * t->first_loss)) {
-        progress_clear(&t->prog);
+        train_log_clear(&t->log);
         return zd_error_set("batch %lld (epoch %lld): the loss is %g (the first batch's was %g): "
                             "the model is diverging. Remedies: a lower --lr (now %g), or "
                             "--max_staleness=K (fewer stale updates from the other trainers)",
@@ -240,15 +189,14 @@ static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
                             (double)t->first_loss, o->lr);
     }
     double now = train_now();
-    progress_step(&t->prog, now, loss);
+    if (train_log_batch(&t->log, t->done, loss, now) < 0)
+        return -1;
     if (o->log_interval > 0 && b % o->log_interval == 0) {
         /* the tutorial's line (its batch restarts each epoch) */
-        progress_clear(&t->prog);
+        train_log_clear(&t->log);
         printf("Rank %d training batch %lld loss %.6f (epoch %lld)\n", t->rank, (long long)b, loss,
                (long long)epoch + 1);
     }
-    if (curves_batch(t->curves, &t->points, t->done, loss, o->batch_size, now) < 0)
-        return -1;
     /* (the last batch's evaluation is the final one) */
     if (o->eval_every == 0 || t->done % o->eval_every != 0 || t->done >= t->total)
         return 0;
@@ -257,16 +205,10 @@ static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
     double acc;
     if (get_accuracy(t, o->eval_samples, &acc) < 0)
         return -1;
-    progress_clear(&t->prog);
+    train_log_clear(&t->log);
     printf("Rank %d after batch %lld (epoch %lld): accuracy %.2f %%\n", t->rank, (long long)t->done,
            (long long)epoch + 1, 100 * acc);
-    if (t->curves && curves_add_accuracy(t->curves, t->done, acc) < 0)
-        return -1;
-    double after = train_now();
-    t->eval_secs += after - now;
-    curves_points_skip(&t->points, after - now); /* the training's rate */
-    progress_skip(&t->prog, after - now);
-    return 0;
+    return train_log_accuracy(&t->log, t->done, acc, now);
 }
 
 /*  The staleness bound, then one batch: 0, 1 (a shard was lost and is
@@ -277,9 +219,7 @@ static int next_batch(trainer_t *t, const int64_t *order, int64_t epoch, int64_t
     zd_tensor_t *x, *y;
     float loss = 0;
     if (o->max_staleness > 0) {
-        int rc = shard0_same(t);
-        if (rc == 0)
-            rc = zd_ps_trainer_gate(0, t->done, o->max_staleness, ZD_TIMEOUT_DEFAULT, NULL);
+        int rc = zd_ps_trainer_gate(0, t->done, o->max_staleness, ZD_TIMEOUT_DEFAULT, NULL);
         if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT)
             fprintf(stderr,
                     "rpc_ps trainer %d: waited the RPC timeout for the slowest trainer "
@@ -295,7 +235,7 @@ static int next_batch(trainer_t *t, const int64_t *order, int64_t epoch, int64_t
     zd_tensor_unref(x);
     zd_tensor_unref(y);
     if (rc < 0 && !isfinite(loss)) {
-        progress_clear(&t->prog);
+        train_log_clear(&t->log);
         return zd_error_set("batch %lld (epoch %lld): the loss is %g: the model diverged, and "
                             "this batch's gradients were not applied. Remedies: a lower --lr "
                             "(now %g), or fewer trainers per server (their updates arrive stale)",
@@ -306,17 +246,10 @@ static int next_batch(trainer_t *t, const int64_t *order, int64_t epoch, int64_t
     t->done++;
     if (after_batch(t, epoch, b, loss) < 0)
         return -1;
-    if (!o->checkpoint || t->done % o->checkpoint_every != 0)
+    if (!o->checkpoint || t->done % o->checkpoint_every != 0 ||
+        zd_ps_model_checkpoint(t->model, t->done, ZD_TIMEOUT_DEFAULT) == 0)
         return 0;
-    /* Another trainer's checkpoint may have taken a newer generation
-       between this one's question and its writes (ZD_ERR_STALE): asked
-       again, it writes the newest. */
-    rc = -1;
-    for (int tries = 0; rc < 0 && tries < 3; tries++)
-        if ((rc = zd_ps_model_checkpoint(t->model, t->done, ZD_TIMEOUT_DEFAULT)) < 0 &&
-            zd_error_code() != ZD_ERR_STALE)
-            break;
-    return rc < 0 ? recover(t) : 0;
+    return recover(t);
 }
 
 /*  The tutorial's run_training_loop, from batch t->done: 0 when this
@@ -356,15 +289,6 @@ static int trainer_start(trainer_t *t)
     t->total = o->epochs * t->per_epoch;
     if (o->max_batches > 0 && o->max_batches < t->total)
         t->total = o->max_batches;
-    if (o->curves) {
-        char prefix[4096], title[64];
-        if (snprintf(prefix, sizeof prefix, "%s.rank%d", o->curves, t->rank) >= (int)sizeof prefix)
-            return zd_error_set("--curves: prefix too long");
-        snprintf(title, sizeof title, "rpc_ps rank %d", t->rank);
-        if (!(t->curves = curves_open(prefix, title, t->per_epoch)))
-            return -1;
-    }
-    note_joins(t);
     if (zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT) < 0)
         return -1;
     bool rejoined = zd_rpc_rejoined();
@@ -387,21 +311,19 @@ static int trainer_start(trainer_t *t)
                rejoined ? "rejoined the world; resuming" : "resuming", (long long)t->done,
                (long long)t->done);
     }
-    t->t0 = train_now();
-    char label[32];
+    char label[32], prefix[4096], title[64];
     snprintf(label, sizeof label, "Rank %d", t->rank);
-    progress_init(&t->prog, stdout, isatty(STDOUT_FILENO),
-                  &(progress_config_t){.label = label,
-                                       .first = t->done,
-                                       .total = t->total,
-                                       .per_epoch = t->per_epoch,
-                                       .epochs = o->epochs,
-                                       .samples_per_step = o->batch_size,
-                                       .every_s = o->progress_s},
-                  t->t0);
+    snprintf(title, sizeof title, "rpc_ps rank %d", t->rank);
+    if (o->curves &&
+        snprintf(prefix, sizeof prefix, "%s.rank%d", o->curves, t->rank) >= (int)sizeof prefix)
+        return zd_error_set("--curves: prefix too long");
     /* a curve point every --log_interval batches, or 10 without loss lines */
-    curves_points_init(&t->points, o->log_interval > 0 ? o->log_interval : 10, t->t0);
-    return 0;
+    return train_log_open(&t->log,
+                          &(train_log_config_t){label, o->curves ? prefix : NULL, title, t->done,
+                                                t->total, t->per_epoch, o->epochs, o->batch_size,
+                                                o->log_interval > 0 ? o->log_interval : 10,
+                                                o->progress_s},
+                          train_now());
 }
 
 /*  After the last batch: tells rank 0, and prints the test accuracy of
@@ -412,17 +334,15 @@ static int trainer_start(trainer_t *t)
 static int trainer_finish(trainer_t *t)
 {
     const rpc_ps_options_t *o = t->o;
-    t->t1 = train_now();
-    progress_end(&t->prog, t->t1);
+    double secs = train_log_end(&t->log, train_now());
     if (zd_dist_autograd_wait_releases(-1) < 0)
         return -1;
-    if (shard0_same(t) < 0 || zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT) < 0)
+    if (zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT) < 0)
         return recover(t);
     printf("Training complete!\nGetting accuracy....\n");
     double acc;
     zd_value_t *req = zd_value_int(o->eval_samples), *res = NULL;
-    int rc =
-        shard0_same(t) == 0 && req ? zd_ps_trainer_wait_all(0, req, ZD_TIMEOUT_DEFAULT, &res) : -1;
+    int rc = req ? zd_ps_trainer_wait_all(0, req, ZD_TIMEOUT_DEFAULT, &res) : -1;
     if (rc == 0)
         rc = zd_value_get_float(res, &acc);
     zd_value_unref(req);
@@ -435,13 +355,13 @@ static int trainer_finish(trainer_t *t)
     }
     printf("Rank %d test accuracy %.2f %%\n", t->rank, 100 * acc);
     printf("Rank %d throughput %.0f samples/s\n", t->rank,
-           (double)(t->trained * o->batch_size) / (t->t1 - t->t0 - t->eval_secs));
-    if (!t->curves)
+           (double)(t->trained * o->batch_size) / secs);
+    if (!t->log.curves)
         return 0;
-    if (curves_add_accuracy(t->curves, t->done, acc) < 0)
+    if (train_log_accuracy(&t->log, t->done, acc, train_now()) < 0)
         return -1;
     printf("Rank %d curves in %s.rank%d.csv and %s\n", t->rank, o->curves, t->rank,
-           curves_png_path(t->curves));
+           curves_png_path(t->log.curves));
     return 0;
 }
 
@@ -453,8 +373,7 @@ static int run_trainer(const rpc_ps_options_t *o, const char *name)
     trainer_t t = {.o = o, .rank = (int)o->world.rank};
     zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
     /* (before zd_rpc_init: the handle installs distributed autograd) */
-    if (!(t.model = zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL)) ||
-        zd_rpc_register_peer_joined(peer_joined, NULL) < 0) {
+    if (!(t.model = zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL))) {
         fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
         zd_ps_model_free(t.model);
         return -1;
@@ -484,10 +403,8 @@ static int run_trainer(const rpc_ps_options_t *o, const char *name)
             fprintf(stderr,
                     "rpc_ps trainer %d: could not tell the server that this run failed: %s\n",
                     t.rank, zd_error_last());
-        if (t.curves) /* the plot of what there is */
-            curves_draw(t.curves);
     }
-    curves_close(t.curves);
+    train_log_close(&t.log, rc < 0); /* (a failed run's plot: what there is) */
     /* The model's RRefs go before the world does. */
     zd_ps_model_free(t.model);
     fflush(stdout);
@@ -507,68 +424,31 @@ static int run_trainer(const rpc_ps_options_t *o, const char *name)
     zd_dataset_free(t.test);
     return rc;
 }
+/*  What the flags' types leave: ranges and flags that go together. 0, or
+    -1 with the message printed. */
 static int check_options(const rpc_ps_options_t *o)
 {
-    if (o->num_gpus != 0) {
-        fprintf(stderr, "rpc_ps: --num_gpus=%lld: this build is CPU-only; use --num_gpus=0\n",
-                (long long)o->num_gpus);
-        return -1;
-    }
-    int64_t world_size = o->world.world_size;
-    if (world_size < 2 || o->num_servers < 1 || o->num_servers >= world_size) {
-        fprintf(stderr,
-                "rpc_ps: --world_size=%lld with --num_servers=%lld leaves no trainer "
-                "(need world_size > num_servers >= 1)\n",
-                (long long)world_size, (long long)o->num_servers);
-        return -1;
-    }
-    if (o->num_servers > PS_STAGES_MAX) {
-        fprintf(stderr, "rpc_ps: --num_servers=%lld: at most %d shards\n",
-                (long long)o->num_servers, PS_STAGES_MAX);
-        return -1;
-    }
-    if (o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)) {
-        fprintf(stderr,
-                "rpc_ps: --max_batch_size=%lld: 0 (the default) or at least %d (the "
-                "evaluation's batches)\n",
-                (long long)o->max_batch_size, EVAL_BATCH);
-        return -1;
-    }
-    if (o->max_inflight < -1 || o->max_inflight > 1000000) {
-        fprintf(stderr,
-                "rpc_ps: --max_inflight=%lld: -1 (no limit), 0 (2 per core) or a "
-                "number of batches\n",
-                (long long)o->max_inflight);
-        return -1;
-    }
-    if (o->resume && !o->checkpoint) {
-        fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
-        return -1;
-    }
-    if (o->progress_s < 0 || o->eval_every < 0 || o->log_interval < 0) {
-        fprintf(stderr, "rpc_ps: --progress_s, --eval_every and --log_interval must be >= 0\n");
-        return -1;
-    }
-    if (o->checkpoint_every < 1 || o->server_wait_s < 1 || o->server_wait_s > 86400) {
-        fprintf(stderr,
-                "rpc_ps: --checkpoint_every must be >= 1, --server_wait_s in [1, "
-                "86400]\n");
-        return -1;
-    }
-    if (o->min_trainers < 0 || o->min_trainers > world_size - o->num_servers ||
-        o->max_staleness < 0) {
-        fprintf(stderr,
-                "rpc_ps: --min_trainers must be in [0, %lld] (the trainers), "
-                "--max_staleness >= 0\n",
-                (long long)(world_size - o->num_servers));
-        return -1;
-    }
-    if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0) {
-        fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0\n");
-        return -1;
-    }
-    if ((o->save_model && !o->save_model[0]) || (o->init_from && !o->init_from[0])) {
-        fprintf(stderr, "rpc_ps: --save_model and --init_from take a file name\n");
+    int64_t trainers = o->world.world_size - o->num_servers;
+    const char *bad = o->num_gpus != 0 ? "--num_gpus: this build is CPU-only; use --num_gpus=0"
+        : trainers < 1 ? "--world_size and --num_servers leave no trainer (need world_size > "
+                         "num_servers >= 1)"
+        : o->num_servers > PS_STAGES_MAX ? "--num_servers: at most " TEXT(PS_STAGES_MAX) " shards"
+        : o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)
+        ? "--max_batch_size: 0 (the default) or at least " TEXT(EVAL_BATCH) " (the evaluation's "
+                                                                            "batches)"
+        : o->max_inflight < -1 || o->max_inflight > 1000000
+        ? "--max_inflight: -1 (no limit), 0 (2 per core) or a number of batches"
+        : o->resume && !o->checkpoint
+        ? "--resume needs --checkpoint=PREFIX (the files to resume from)"
+        : o->progress_s < 0          ? "--progress_s must be >= 0"
+        : o->server_wait_s > 86400   ? "--server_wait_s: at most 86400"
+        : o->min_trainers > trainers ? "--min_trainers: at most the trainers"
+        : o->lr <= 0                 ? "--lr must be > 0"
+        : (o->save_model && !o->save_model[0]) || (o->init_from && !o->init_from[0])
+        ? "--save_model and --init_from take a file name"
+        : NULL;
+    if (bad) {
+        fprintf(stderr, "rpc_ps: %s\n", bad);
         return -1;
     }
     /* Refused now rather than after the training: a file rank 0 cannot
@@ -589,12 +469,11 @@ static int check_options(const rpc_ps_options_t *o)
         fprintf(stderr, "rpc_ps: --init_from=%s: %s\n", o->init_from, strerror(errno));
         return -1;
     }
-    if (o->data_dir && o->world.rank >= o->num_servers) {
-        char path[2048];
-        if (zd_dataset_find_file(o->data_dir, ZD_DATASET_TRAIN, "images", path, sizeof path) < 0) {
-            fprintf(stderr, "rpc_ps: %s\n", zd_error_last());
-            return -1;
-        }
+    char path[2048];
+    if (o->data_dir && o->world.rank >= o->num_servers &&
+        zd_dataset_find_file(o->data_dir, ZD_DATASET_TRAIN, "images", path, sizeof path) < 0) {
+        fprintf(stderr, "rpc_ps: %s\n", zd_error_last());
+        return -1;
     }
     return 0;
 }
@@ -622,15 +501,15 @@ int main(int argc, char **argv)
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
-        {"num_servers", FLAG_INT, &o.num_servers, "parameter-server shards"},
+        {"num_servers", FLAG_COUNT, &o.num_servers, "parameter-server shards"},
         {"data_dir", FLAG_STRING, &o.data_dir,
          "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
-        {"batch_size", FLAG_INT, &o.batch_size, "samples per batch"},
+        {"batch_size", FLAG_COUNT, &o.batch_size, "samples per batch"},
         {"lr", FLAG_DOUBLE, &o.lr, "SGD learning rate"},
-        {"epochs", FLAG_INT, &o.epochs, "passes over the training set"},
-        {"max_batches", FLAG_INT, &o.max_batches, "stop each trainer after N batches (0: none)"},
+        {"epochs", FLAG_COUNT, &o.epochs, "passes over the training set"},
+        {"max_batches", FLAG_INDEX, &o.max_batches, "stop each trainer after N batches (0: none)"},
         {"seed", FLAG_INT, &o.seed, "seed of the weights, shuffling and dropout"},
-        {"log_interval", FLAG_INT, &o.log_interval,
+        {"log_interval", FLAG_INDEX, &o.log_interval,
          "print the tutorial's loss line every N batches of an epoch (0: none; the tutorial "
          "has 5)"},
         {"progress_s", FLAG_DOUBLE, &o.progress_s,
@@ -639,11 +518,11 @@ int main(int argc, char **argv)
         {"checkpoint", FLAG_STRING, &o.checkpoint,
          "servers save their parameters to PREFIX.shardK every --checkpoint_every batches of a "
          "trainer"},
-        {"checkpoint_every", FLAG_INT, &o.checkpoint_every, "batches between checkpoints"},
+        {"checkpoint_every", FLAG_COUNT, &o.checkpoint_every, "batches between checkpoints"},
         {"resume", FLAG_BOOL, &o.resume,
          "start from the --checkpoint files: weights, and each trainer's position (a server "
          "shard restarted with it into the running world serves from its checkpoint)"},
-        {"server_wait_s", FLAG_INT, &o.server_wait_s,
+        {"server_wait_s", FLAG_COUNT, &o.server_wait_s,
          "with --checkpoint, a trainer whose server shard was lost waits this long for it to "
          "come back (restarted with --resume), then goes on from its last checkpoint"},
         {"save_model", FLAG_STRING, &o.save_model,
@@ -655,16 +534,16 @@ int main(int argc, char **argv)
         {"curves", FLAG_STRING, &o.curves,
          "each trainer writes its loss, throughput and accuracy curves to PREFIX.rankN.csv "
          "(as they come) and .png (at each evaluation)"},
-        {"eval_every", FLAG_INT, &o.eval_every,
+        {"eval_every", FLAG_INDEX, &o.eval_every,
          "each trainer evaluates the weights every N of its batches (0: only at the end)"},
-        {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
-        {"check_interval", FLAG_INT, &o.check_interval,
+        {"eval_samples", FLAG_INDEX, &o.eval_samples, "test images to evaluate (0: all)"},
+        {"check_interval", FLAG_INDEX, &o.check_interval,
          "fetch the server's gradients to check them every N batches (0: never)"},
         {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
-        {"min_trainers", FLAG_INT, &o.min_trainers,
+        {"min_trainers", FLAG_INDEX, &o.min_trainers,
          "the server exits with an error when fewer trainers finished their batches (a lost "
          "trainer does not stop the others)"},
-        {"max_staleness", FLAG_INT, &o.max_staleness,
+        {"max_staleness", FLAG_INDEX, &o.max_staleness,
          "a trainer more than N batches ahead of the slowest trainer still training waits "
          "for it (0: no bound)"},
         {"init_timeout_s", FLAG_INT, &o.init_timeout_s,

@@ -19,10 +19,9 @@
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
-#include "examples/curves.h"
 #include "examples/flags.h"
-#include "examples/progress.h"
 #include "examples/train_common.h"
+#include "examples/train_log.h"
 #include <zdist/dataset.h>
 #include <zdist/model.h>
 #include <zdist/nn.h>
@@ -61,7 +60,7 @@ static int run(const options_t *o)
     zd_dataset_t *train = NULL, *test = NULL;
     zd_nn_module_t *m = NULL;
     zd_optim_t *opt = NULL;
-    curves_t *curves = NULL;
+    train_log_t log = {0};
     int64_t *order = NULL;
     int rc = -1;
 
@@ -101,20 +100,13 @@ static int run(const options_t *o)
     int64_t nb = zd_dataset_num_batches(train, o->batch_size), done = 0, total = o->epochs * nb;
     if (o->max_batches > 0 && o->max_batches < total)
         total = o->max_batches;
-    if (o->curves && !(curves = curves_open(o->curves, "train_local", nb)))
-        goto out;
-    double t0 = train_now(), eval_secs = 0;
-    progress_t prog;
-    progress_init(&prog, stdout, isatty(STDOUT_FILENO),
-                  &(progress_config_t){.total = total,
-                                       .per_epoch = nb,
-                                       .epochs = o->epochs,
-                                       .samples_per_step = o->batch_size,
-                                       .every_s = o->progress_s},
-                  t0);
     /* a curve point every --log_interval batches, or 10 without loss lines */
-    curves_points_t points;
-    curves_points_init(&points, o->log_interval > 0 ? o->log_interval : 10, t0);
+    if (train_log_open(&log,
+                       &(train_log_config_t){
+                           NULL, o->curves, "train_local", 0, total, nb, o->epochs, o->batch_size,
+                           o->log_interval > 0 ? o->log_interval : 10, o->progress_s},
+                       train_now()) < 0)
+        goto out;
     for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
         free(order);
         if (!(order = zd_dataset_order(train, (uint64_t)(o->seed + epoch)))) {
@@ -135,33 +127,27 @@ static int run(const options_t *o)
                 goto out;
             done++;
             double now = train_now();
-            progress_step(&prog, now, loss);
+            if (train_log_batch(&log, done, loss, now) < 0)
+                goto out;
             if (o->log_interval > 0 && b % o->log_interval == 0) {
-                progress_clear(&prog);
+                train_log_clear(&log);
                 printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch + 1, (long long)b,
                        loss);
             }
-            if (curves_batch(curves, &points, done, loss, o->batch_size, now) < 0)
-                goto out;
             /* (the last batch's evaluation is the final one, below) */
             if (o->eval_every > 0 && done % o->eval_every == 0 && done < total) {
                 double acc;
                 if (train_evaluate(m, test, &acc) < 0)
                     goto out;
-                progress_clear(&prog);
+                train_log_clear(&log);
                 printf("after batch %lld (epoch %lld): accuracy %.2f %%\n", (long long)done,
                        (long long)epoch + 1, 100.0 * acc);
-                if (curves && curves_add_accuracy(curves, done, acc) < 0)
+                if (train_log_accuracy(&log, done, acc, now) < 0)
                     goto out;
-                double after = train_now();
-                eval_secs += after - now;
-                curves_points_skip(&points, after - now); /* the training's rate */
-                progress_skip(&prog, after - now);
             }
         }
     }
-    progress_end(&prog, train_now());
-    double secs = train_now() - t0 - eval_secs;
+    double secs = train_log_end(&log, train_now());
     printf("trained %lld batches in %.1f s (%.0f samples/s)\n", (long long)done, secs,
            (double)done * (double)o->batch_size / secs);
     if (o->save) {
@@ -185,18 +171,16 @@ static int run(const options_t *o)
             goto out;
         printf("saved model %s (safetensors)\n", o->save_model);
     }
-    if (curves) {
-        if (curves_add_accuracy(curves, done, acc) < 0)
+    if (log.curves) {
+        if (train_log_accuracy(&log, done, acc, train_now()) < 0)
             goto out;
-        printf("curves in %s.csv and %s\n", o->curves, curves_png_path(curves));
+        printf("curves in %s.csv and %s\n", o->curves, curves_png_path(log.curves));
     }
     rc = 0;
 out:
     if (rc < 0)
         fprintf(stderr, "train_local: %s\n", zd_error_last());
-    if (rc < 0 && curves) /* the plot of what there is */
-        curves_draw(curves);
-    curves_close(curves);
+    train_log_close(&log, rc < 0); /* (a failed run's plot: what there is) */
     free(order);
     zd_optim_free(opt);
     zd_nn_module_free(m);
