@@ -375,7 +375,6 @@ static int run_trainer(const rpc_ps_options_t *o, const char *name)
     /* (before zd_rpc_init: the handle installs distributed autograd) */
     if (!(t.model = zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL))) {
         fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
-        zd_ps_model_free(t.model);
         return -1;
     }
     printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o->world.world_size,
