@@ -141,15 +141,22 @@ static int recover(trainer_t *t)
     train_log_clear(&t->log);
     if (!o->checkpoint)
         return -1;
-    char why[512];
+    zd_error_code_t code = zd_error_code();
+    char why[1024], who[32] = "a server shard", rank[24] = "";
     snprintf(why, sizeof why, "%s", zd_error_last());
+    /* ZD_ERR_PEER naming no shard: rank 0 started again after the model's
+       last look (between the registry's started and the first forward) */
     int shard = zd_ps_model_lost_shard(t->model, 5000);
-    if (shard < 0)
-        return zd_error_set("%s", why);
+    if (shard < 0 && code != ZD_ERR_PEER)
+        return zd_error_set_code(code, "%s", why);
+    if (shard >= 0) {
+        snprintf(who, sizeof who, "server shard %d", shard);
+        snprintf(rank, sizeof rank, " (rank %d)", shard);
+    }
     double t0 = train_now();
-    printf("Rank %d: server shard %d lost at batch %lld (%s); waiting up to %lld s "
-           "(--server_wait_s) for it to come back\n",
-           t->rank, shard, (long long)t->done, why, (long long)o->server_wait_s);
+    printf("Rank %d: %s lost at batch %lld (%s); waiting up to %lld s (--server_wait_s) for it "
+           "to come back\n",
+           t->rank, who, (long long)t->done, why, (long long)o->server_wait_s);
     /* The releases of contexts the old process held fail: it is gone. */
     if (zd_dist_autograd_wait_releases(1000) < 0)
         printf("Rank %d: contexts of the lost server's process not released: %s\n", t->rank,
@@ -158,9 +165,8 @@ static int recover(trainer_t *t)
     for (;;) {
         int64_t left = (int64_t)((t0 + (double)o->server_wait_s - train_now()) * 1000);
         if (left <= 0)
-            return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
-                                "--server_wait_s=%lld s: %s",
-                                shard, shard, why, (long long)o->server_wait_s, zd_error_last());
+            return zd_error_set("%s%s lost (%s) and not back within --server_wait_s=%lld s: %s",
+                                who, rank, why, (long long)o->server_wait_s, zd_error_last());
         /* rank 0, just back, may not take the registry's calls yet */
         if (zd_ps_model_recover(t->model, left, &start) == 0 && zd_ps_trainer_started(0, left) == 0)
             break;

@@ -926,7 +926,7 @@ struct zd_ps_model {
     /* each shard's instance when the stages were last brought to one
        generation (0: not looked at yet), and agree's scratch */
     int64_t *agreed, *scratch;
-    int *joins; /* zd_rpc_peer_joins of each shard's rank then */
+    int *joins, *joins_before; /* zd_rpc_peer_joins of each shard's rank then; agree's */
     /* the stages are to be brought to one generation before the next
        forward or step: at the first, and after a stage was lost or
        changed (a trainer that runs its batch again without
@@ -987,6 +987,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
          !(m->instance = calloc((size_t)n_shards, sizeof *m->instance)) ||
          !(m->agreed = calloc((size_t)n_shards, sizeof *m->agreed)) ||
          !(m->joins = calloc((size_t)n_shards, sizeof *m->joins)) ||
+         !(m->joins_before = calloc((size_t)n_shards, sizeof *m->joins_before)) ||
          !(m->scratch = calloc(5 * (size_t)n_shards, sizeof *m->scratch)))) {
         zd_ps_model_free(m);
         m = NULL;
@@ -1348,13 +1349,16 @@ static int agree(zd_ps_model_t *m, int64_t timeout_ms)
     /* stages that change meanwhile (another trainer sent them back) are
        looked at again */
     for (int attempt = 0; attempt < 10; attempt++) {
+        /* counted before the stages are asked: a shard started again
+           after it answered is one zd_ps_model_lost_shard still names */
+        for (int s = 0; s < m->n_shards; s++)
+            m->joins_before[s] = zd_rpc_peer_joins(m->ranks[s]);
         int rc = agree_once(m, timeout_ms);
         if (rc < 0)
             return zd_error_wrap("ps: bringing the stages to one generation");
         if (rc == 0) {
             m->must_agree = false;
-            for (int s = 0; s < m->n_shards; s++)
-                m->joins[s] = zd_rpc_peer_joins(m->ranks[s]);
+            memcpy(m->joins, m->joins_before, (size_t)m->n_shards * sizeof *m->joins);
             return 0;
         }
         nanosleep(&(struct timespec){0, 20000000 * (attempt + 1)}, NULL);
@@ -1503,12 +1507,13 @@ int zd_ps_model_recover(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_recover: NULL");
     int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
     for (;;) {
-        int64_t left =
-            deadline == ZD__NEVER ? ZD_TIMEOUT_NONE : zd__ms_left(zd__now_ns(), deadline);
-        if (left <= 0 && deadline != ZD__NEVER)
+        /* without a limit, each call of resume_position has the RPC's */
+        bool never = deadline == ZD__NEVER;
+        int64_t left = never ? ZD_TIMEOUT_NONE : zd__ms_left(zd__now_ns(), deadline);
+        if (left <= 0 && !never)
             return zd_error_set_code(ZD_ERR_TIMEOUT, "zd_ps_model_recover: %s", zd_error_last());
         if (zd_ps_model_wait_shards(m, left) == 0 &&
-            zd_ps_model_resume_position(m, left, position) == 0) {
+            zd_ps_model_resume_position(m, never ? ZD_TIMEOUT_DEFAULT : left, position) == 0) {
             if (*position < 0)
                 *position = 0;
             return 0;
@@ -1538,6 +1543,7 @@ void zd_ps_model_free(zd_ps_model_t *m)
     free(m->scratch);
     free(m->agreed);
     free(m->joins);
+    free(m->joins_before);
     free(m->instance);
     free(m->ranks);
     free(m);

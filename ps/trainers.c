@@ -610,8 +610,8 @@ static atomic_int started_host = -1, started_joins;
     since. */
 static int host_same(const char *what, int host)
 {
-    if (host != atomic_load(&started_host) ||
-        zd_rpc_peer_joins(host) == atomic_load(&started_joins))
+    int joins = zd_rpc_peer_joins(host); /* (-1 without RPC: the call says so) */
+    if (host != atomic_load(&started_host) || joins < 0 || joins == atomic_load(&started_joins))
         return 0;
     return zd_error_set_code(ZD_ERR_PEER,
                              "%s: the registry's host (rank %d) was lost and started again "

@@ -565,7 +565,7 @@ ZD_API int zd_ps_model_lost_shard(zd_ps_model_t *m, int64_t timeout_ms);
     limit): 0 with *position where this trainer goes on from (0: its
     beginning), or -1 with *position -1: ZD_ERR_TIMEOUT (the last
     error's text), ZD_ERR_ARGUMENT (NULL; a stage without the
-    generation), ZD_ERR_STOPPED, ZD_ERR_REMOTE. */
+    generation), ZD_ERR_NOT_INITIALIZED, ZD_ERR_STOPPED, ZD_ERR_REMOTE. */
 ZD_API int zd_ps_model_recover(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position);
 
 /*  Sets the mode the next forwards run the stages in (training: dropout
