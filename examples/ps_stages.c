@@ -127,10 +127,10 @@ static const zd_autograd_node_ops_t pass_ops =
     ZD_AUTOGRAD_NODE_OPS("ParameterCopyBackward", pass_backward, NULL);
 
 /*  Into use[], what this forward computes with: with grad mode off (an
-    evaluation: no backward) the parameters themselves, else views of
-    the current copies recorded as outputs of a node over the
-    parameters (new references). Called under the layer's read lock. 0,
-    or -1. */
+    evaluation: no backward) the parameters themselves (the caller holds
+    the steps off while it reads them), else views of the current copies
+    recorded as outputs of a node over the parameters (new references),
+    a copy taken under the steps' read lock. 0, or -1. */
 static int params_for_forward(stage_t *s, zd_tensor_t **use)
 {
     zd_tensor_t *params[NET_PARAMS], *copies[NET_PARAMS];
@@ -142,6 +142,8 @@ static int params_for_forward(stage_t *s, zd_tensor_t **use)
             use[i] = s->p[i] ? zd_tensor_ref(s->p[i]) : NULL;
         return 0;
     }
+    /* (the stage locks its own reads: zd_ps_options_t.stage_locks_reads) */
+    zd_dist_optim_read_lock();
     uint64_t version = zd_dist_optim_version();
     pthread_mutex_lock(&s->copy_lock);
     for (int i = 0; i < NET_PARAMS && rc == 0; i++) {
@@ -162,6 +164,7 @@ static int params_for_forward(stage_t *s, zd_tensor_t **use)
     if (rc == 0)
         s->copy_version = version;
     pthread_mutex_unlock(&s->copy_lock);
+    zd_dist_optim_read_unlock();
     /* each forward its own views of the copies, recorded as the outputs
        of one node over the parameters */
     zd_autograd_node_t *node = NULL;
@@ -201,8 +204,18 @@ static int stage_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd
     if (n_out != ps_stage_outputs(s->shard, s->num_shards))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "stage %d gives %d output(s), asked for %d",
                                  s->shard, ps_stage_outputs(s->shard, s->num_shards), n_out);
-    if (check_input(s, in, n_in) < 0 || params_for_forward(s, p) < 0)
+    if (check_input(s, in, n_in) < 0)
         return -1;
+    /* an evaluation reads the parameters themselves: steps held off all
+       along (a training forward's copy holds them off while it is taken) */
+    bool eval = !zd_autograd_is_grad_enabled();
+    if (eval)
+        zd_dist_optim_read_lock();
+    if (params_for_forward(s, p) < 0) {
+        if (eval)
+            zd_dist_optim_read_unlock();
+        return -1;
+    }
     zd_rng_t rng; /* this forward's dropout masks */
     pthread_mutex_lock(&s->rng_lock);
     zd_rng_seed(&rng, zd_rng_u64(&s->rng));
@@ -233,6 +246,8 @@ static int stage_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd
         out[0] = rc == 0 ? zd_tensor_ref(flat) : NULL;
         out[1] = rc == 0 ? zd_tensor_ref(h) : NULL;
     }
+    if (eval)
+        zd_dist_optim_read_unlock();
     zd_tensor_unref(h);
     zd_tensor_unref(flat);
     zd_tensor_unref(rows);

@@ -202,6 +202,7 @@ static zd_ps_options_t server_options(const rpc_ps_options_t *o, int shard, cons
     po.checkpoint_path = o->checkpoint;
     po.resume = o->resume;
     po.run_tag = tag;
+    po.stage_locks_reads = true; /* (ps_stages.c) */
     if (shard == 0)
         po.on_forward = note_forward;
     return po;

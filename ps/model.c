@@ -386,8 +386,13 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
        will go back through it. */
     bool grad_was = zd_autograd_set_grad_enabled(training != 0);
     checkpoint_due(s);
+    /* a stage that locks its own reads lets the steps run beside it */
+    bool own = s->opts.stage_locks_reads;
+    if (own)
+        zd_dist_optim_read_unlock();
     int rc = zd_nn_module_forward(s->stage, in, n_in, out, (int)n_out);
-    zd_dist_optim_read_unlock();
+    if (!own)
+        zd_dist_optim_read_unlock();
     zd_autograd_set_grad_enabled(grad_was);
     leave(s);
     /* the slot goes to a node over the outputs, or back now */

@@ -144,6 +144,14 @@ typedef struct {
        does not go on from another's parameters and positions (NULL or
        "": none written, none checked; copied) */
     const char *run_tag;
+    /* remote model, shards only: the stage's forward takes
+       zd_dist_optim_read_lock() itself wherever it reads the parameters
+       (a training forward that computes with a copy of them, taken under
+       the lock once per step, as examples/ps_stages.c does; an evaluation
+       that reads them all along). The shard then holds the steps off only
+       while it checks and records a forward, not for the whole forward,
+       and steps run beside forwards (false: for the whole forward) */
+    bool stage_locks_reads;
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
