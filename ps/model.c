@@ -615,8 +615,18 @@ static void back_dry(back_t *b)
     back_decide(b);
     int64_t to = b->to;
     pthread_mutex_unlock(&s->lock);
-    if (b->code == ZD_OK && to >= 0 && zd__ps_checkpoint_check(&s->ckpt, to) < 0)
-        cannot_read(b);
+    if (b->code == ZD_OK && to >= 0 && zd__ps_checkpoint_check(&s->ckpt, to) < 0) {
+        /* Another trainer's going back, run meanwhile, moves the files
+           under the reading (the newer generation removed, the older
+           made the current file): the stage changed, and the caller
+           looks again; only a stage unchanged has a file it cannot read. */
+        pthread_mutex_lock(&s->lock);
+        back_decide(b);
+        bool changed = b->code != ZD_OK || b->to != to;
+        pthread_mutex_unlock(&s->lock);
+        if (!changed)
+            cannot_read(b);
+    }
     pthread_mutex_lock(&s->lock);
     if (b->code == ZD_OK && to >= 0) {
         back_decide(b); /* (changed meanwhile: look again) */
