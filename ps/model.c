@@ -1541,6 +1541,11 @@ int zd_ps_model_recover(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position)
     }
 }
 
+int zd__ps_model_rank(const zd_ps_model_t *m, int s)
+{
+    return m && s >= 0 && s < m->n_shards ? m->ranks[s] : -1;
+}
+
 bool zd_ps_model_train(zd_ps_model_t *m, bool training)
 {
     if (!m)

@@ -223,4 +223,7 @@ void zd__ps_positions_record(int64_t **positions, int *n, int rank, int64_t posi
 /*  "<prefix>.shard<shard>": a new string (free), or NULL. */
 char *zd__ps_checkpoint_path(const char *prefix, int shard);
 
+/*  The rank of the model's shard s (run.c names it), or -1. */
+int zd__ps_model_rank(const zd_ps_model_t *m, int s);
+
 #endif

@@ -739,6 +739,108 @@ ZD_API int zd_ps_trainer_gate(int host, int64_t done, int64_t bound, int64_t tim
 ZD_API int zd_ps_trainer_wait_all(int host, zd_value_t *request, int64_t timeout_ms,
                                   zd_value_t **result);
 
+/*  ---- a trainer's loop (the tutorial's run_training_loop) ----
+
+    zd_ps_model_run trains a remote model batch after batch, the program
+    giving each batch's loss, with what a long run needs around the
+    batches: the registry told of the start, the end and a failure; the
+    stale-synchronous gate; checkpoints every checkpoint_every batches;
+    and, after a shard is lost or started again, the wait for it and the
+    way back to where the stages say this trainer was:
+
+        zd_ps_run_options_t ro = zd_ps_run_options_default();
+        ro.batches = n;  ro.loss = batch_loss;  ro.event = on_event;  ro.arg = &me;
+        ro.registry = 0;  ro.checkpoint_every = 100;  ro.recover = true;
+        if (zd_ps_model_run(model, &ro, &done) < 0) ... the error ...
+
+    A position counts batches: the batch at position p is the (p+1)th this
+    trainer trains, and after it p+1 batches are done. */
+
+typedef enum {
+    ZD_PS_RUN_START = 1, /* about to train from position (resumed, or 0) */
+    ZD_PS_RUN_BATCH,     /* a batch stepped: position batches done, loss its loss */
+    ZD_PS_RUN_LOST,      /* a call failed at position: shard lost (-1: unnamed), why */
+    ZD_PS_RUN_BACK,      /* the shards are back after seconds: on from position */
+    ZD_PS_RUN_DONE,      /* every batch trained (position of them): the registry is told next */
+} zd_ps_run_event_kind_t;
+
+/*  An event of zd_ps_model_run, given to the program's event callback. */
+typedef struct {
+    zd_ps_run_event_kind_t kind;
+    int64_t position;
+    float loss;      /* ZD_PS_RUN_BATCH */
+    int shard;       /* ZD_PS_RUN_LOST: the stage lost or started again, or -1 */
+    const char *why; /* ZD_PS_RUN_LOST: the failure's text (borrowed for the call) */
+    double seconds;  /* ZD_PS_RUN_BACK: how long the trainer waited */
+} zd_ps_run_event_t;
+
+/*  The batch at position: runs its forward through m (zd_ps_model_forward,
+    inside the batch's context) and gives its loss, a scalar, in *loss (a
+    new reference; float32). 0, or -1 with the error set (recovered from
+    only for ZD_ERR_PEER, ZD_ERR_TIMEOUT and ZD_ERR_STALE: a lost shard's
+    codes). */
+typedef int zd_ps_loss_fn(void *arg, zd_ps_model_t *m, int64_t position, zd_tensor_t **loss);
+
+/*  Called after the batch's backward, before its step, with its context
+    (to look at the gradients on the shards, say). 0, or -1 to fail the
+    run. */
+typedef int zd_ps_backward_fn(void *arg, int64_t position, int64_t context_id);
+
+/*  Called at each event. 0, or -1 with the error set to fail the run
+    (a diverging loss, an evaluation that failed). */
+typedef int zd_ps_run_event_fn(void *arg, const zd_ps_run_event_t *event);
+
+/*  What zd_ps_model_run does. Start from zd_ps_run_options_default(). */
+typedef struct {
+    size_t size;                 /* set by zd_ps_run_options_default() */
+    int64_t batches;             /* train up to this position (0: none; the registry told) */
+    zd_ps_loss_fn *loss;         /* required */
+    zd_ps_backward_fn *backward; /* NULL: none */
+    zd_ps_run_event_fn *event;   /* NULL: none */
+    void *arg;                   /* the callbacks' */
+    int registry;                /* the rank hosting zd_ps_trainers_t (-1: none) */
+    int64_t max_staleness;       /* zd_ps_trainer_gate's bound (0: none; needs registry) */
+    int64_t checkpoint_every;    /* zd_ps_model_checkpoint every N batches (0: none) */
+    bool resume;                 /* start at zd_ps_model_resume_position (else 0) */
+    bool recover;                /* after a shard lost: wait, go back (else fail) */
+    int64_t recover_ms;          /* at most this long (ZD_TIMEOUT_NONE: no limit) */
+    int64_t timeout_ms;          /* each call (ZD_TIMEOUT_DEFAULT: the RPC timeout) */
+    /* A loss above loss_limit, or loss_growth times this run's first,
+       stops the run: the model is diverging while still finite (0: no
+       such bound; a loss not finite always stops it, before its step). */
+    double loss_limit, loss_growth;
+    const char *diverging_hint; /* added to those errors (a remedy; NULL: none) */
+} zd_ps_run_options_t;
+
+/*  No registry, no checkpoints, no recovery, with size set (inline: this
+    program's size). Returns the struct. */
+static inline zd_ps_run_options_t zd_ps_run_options_default(void)
+{
+    zd_ps_run_options_t o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    o.registry = -1;
+    o.timeout_ms = ZD_TIMEOUT_DEFAULT;
+    return o;
+}
+
+/*  Trains m from position 0 (resume: where the stages say) to
+    opts->batches, each batch inside its own distributed-autograd context
+    (loss, a finite one, then backward, the backward callback, step),
+    then tells the registry it finished. With recover, a failure that a
+    lost or restarted shard (or registry) explains (ZD_ERR_PEER,
+    ZD_ERR_TIMEOUT, ZD_ERR_STALE, and the shard lost) is waited for up to
+    recover_ms, and training goes on from where the stages then say
+    (events ZD_PS_RUN_LOST and ZD_PS_RUN_BACK); a staleness gate that
+    times out is logged and passed. On failure it tells the registry why
+    (zd_ps_trainer_failed). 0 with *position (if not NULL) the batches
+    done, or -1 with the error: ZD_ERR_ARGUMENT (NULL, bad options; a
+    resumed position beyond batches; a diverging loss, named with its
+    batch; the callbacks' own),
+    ZD_ERR_TIMEOUT (a shard not back in time, named), or a call's
+    error. */
+ZD_API int zd_ps_model_run(zd_ps_model_t *m, const zd_ps_run_options_t *opts, int64_t *position);
+
 ZD_END_DECLS
 
 #endif
