@@ -195,29 +195,7 @@ static int run_training_loop(const options_t *o, zd_ps_model_t *model, const zd_
 static int get_accuracy(zd_ps_model_t *model, const zd_dataset_t *test, int64_t limit, double *acc)
 {
     printf("Getting accuracy....\n");
-    int64_t n = zd_dataset_len(test), correct = 0;
-    if (limit > 0 && limit < n)
-        n = limit;
-    bool was = zd_ps_model_train(model, false);
-    int rc = 0;
-    for (int64_t start = 0; rc == 0 && start < n; start += EVAL_BATCH) {
-        zd_tensor_t *x, *y, *out = NULL;
-        int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
-        if (zd_dataset_batch(test, NULL, start, bs, &x, &y) < 0) {
-            rc = -1;
-            break;
-        }
-        rc = zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT);
-        int64_t c = rc == 0 ? zd_nn_accuracy(out, y) : -1;
-        rc = c < 0 ? -1 : 0;
-        correct += c;
-        zd_tensor_unref(out);
-        zd_tensor_unref(x);
-        zd_tensor_unref(y);
-    }
-    zd_ps_model_train(model, was);
-    *acc = n ? (double)correct / (double)n : 0;
-    return rc;
+    return train_ps_accuracy(model, test, limit, EVAL_BATCH, acc);
 }
 
 /*  ---- run_worker ---- */

@@ -30,7 +30,17 @@ typedef struct {
     int64_t max_batch_size; /* servers: the largest batch a stage takes (0: default) */
     int64_t max_inflight;   /* servers: training forwards held at once (0: 2 per core) */
     int64_t server_wait_s;  /* trainers: how long a lost server shard may take to come back */
+    char name[64];          /* the worker's name: parameter_server[_K], trainer_N */
 } rpc_ps_options_t;
+
+/*  The test images of one evaluation forward. */
+#define RPC_PS_EVAL_BATCH 500
+
+/*  Parses and checks the flags into *o, with the worker's name and its
+    threads (--threads 0 resolved), and sets ZDIST_MASTER_WAIT_S from
+    --server_wait_s with --checkpoint (rpc_ps_flags.c). 0, 1 (--help
+    printed: exit 0), or 2 (a bad flag, the message printed: exit 2). */
+int rpc_ps_options_parse(int argc, char **argv, rpc_ps_options_t *o);
 
 /*  A server rank: serves its stage of the Net (and on rank 0 the
     trainers' book: their events, the shared final evaluation,
