@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  The remote model (ps.h: zd_ps_model_*) in worlds of real processes: a
-    model of two stages, a hidden layer on shard 0 and a head on shard 1,
-    trained by trainers through RPC under distributed autograd.
+    model of two stages (tests/support/ps_two_stages.h), a hidden layer on
+    shard 0 and a head on shard 1, trained by trainers through RPC under
+    distributed autograd.
     - one trainer: every step's loss and the stages' parameters after five
       steps are what the same model gives trained locally with autograd
       and SGD; a forward in evaluation mode runs the stages in evaluation
@@ -51,13 +52,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <zdist/autograd.h>
 #include <zdist/checkpoint.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
@@ -67,13 +65,9 @@
 #include <zdist/ps.h>
 #include <zdist/rpc.h>
 
+#include "tests/support/ps_two_stages.h"
 #include "tests/support/world.h"
 
-#define IN      4
-#define HIDDEN  8
-#define OUT     3
-#define BATCH   5
-#define LR      0.1
 #define N_STEPS 5
 
 typedef struct {
@@ -93,140 +87,26 @@ typedef struct {
     world_fn *first, *resumed; /* run_by_hand_twice: the trainer's two runs */
 } setup_t;
 
-/*  ---- the model: two stages ---- */
-
-typedef struct {
-    zd_tensor_t *w, *b; /* borrowed from the module */
-} linear_t;
-
-/*  Stage 0: tanh(x W^T + b). */
-static int hidden_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
-                          int n_out)
-{
-    linear_t *s = zd_nn_module_state(m);
-    zd_tensor_t *h = NULL;
-    if (n_in != 1 || n_out != 1)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "Hidden: one input, one output");
-    int rc = zd_nn_linear(in[0], s->w, s->b, &h);
-    if (rc == 0)
-        rc = zd_tensor_tanh(h, out);
-    zd_tensor_unref(h);
-    return rc;
-}
-
-/*  Stage 1: h W^T + b, and as a second output (n_out 2) the stage's
-    mode: 1 training, 0 evaluation. */
-static int head_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
-                        int n_out)
-{
-    linear_t *s = zd_nn_module_state(m);
-    if (n_in != 1 || n_out < 1 || n_out > 2)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "Head: one input, one or two outputs");
-    if (zd_nn_linear(in[0], s->w, s->b, &out[0]) < 0)
-        return -1;
-    if (n_out == 2) {
-        out[1] = zd_tensor_new(ZD_FLOAT32, NULL, 0);
-        if (!out[1]) {
-            zd_tensor_unref_p(&out[0]);
-            return -1;
-        }
-        zd_tensor_data(out[1])[0] = zd_nn_module_is_training(m) ? 1.0f : 0.0f;
-    }
-    return 0;
-}
-
-/*  A stage of in -> out features, weights drawn from seed as multiples
-    of 1/64 in [-0.5, 0.5). */
-static zd_nn_module_t *make_stage(int which)
-{
-    int64_t in = which == 0 ? IN : HIDDEN, out = which == 0 ? HIDDEN : OUT;
-    linear_t *s = calloc(1, sizeof *s);
-    zd_nn_module_t *m = s ? zd_nn_module_new(which == 0 ? "Hidden" : "Head",
-                                             which == 0 ? hidden_forward : head_forward, s, free)
-                          : NULL;
-    if (!m)
-        return NULL;
-    s->w = zd_nn_module_add_parameter(m, "weight", (int64_t[]){out, in}, 2);
-    s->b = zd_nn_module_add_parameter(m, "bias", (int64_t[]){out}, 1);
-    if (!s->w || !s->b) {
-        zd_nn_module_free(m);
-        return NULL;
-    }
-    zd_rng_t rng;
-    zd_rng_seed(&rng, 7 + (uint64_t)which);
-    for (int64_t k = 0; k < zd_tensor_numel(s->w); k++)
-        zd_tensor_data(s->w)[k] = (float)zd_rng_below(&rng, 64) / 64.0f - 0.5f;
-    for (int64_t k = 0; k < zd_tensor_numel(s->b); k++)
-        zd_tensor_data(s->b)[k] = (float)zd_rng_below(&rng, 64) / 64.0f - 0.5f;
-    return m;
-}
-
-/*  The batch of step `step` (x) and its regression target (y). */
-static void make_batch(int trainer, int step, zd_tensor_t **x, zd_tensor_t **y)
-{
-    *x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BATCH, IN}, 2);
-    *y = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BATCH, OUT}, 2);
-    if (!*x || !*y)
-        return;
-    for (int64_t k = 0; k < BATCH * IN; k++)
-        zd_tensor_data(*x)[k] = (float)((k * 7 + step * 3 + trainer) % 11) / 11.0f - 0.5f;
-    for (int64_t k = 0; k < BATCH * OUT; k++)
-        zd_tensor_data(*y)[k] = (float)((k * 5 + trainer) % 7) / 7.0f - 0.5f;
-}
-
 /*  ---- the shards ---- */
-
-static zd_nn_module_t *g_stage; /* this shard process's stage */
-static zd_ps_model_server_t *g_server;
-
-/*  "test_stage_params"() -> [weight, bias] of this process's stage, as
-    zd_ps_model_server_params copies them. */
-static zd_value_t *fn_stage_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
-{
-    (void)call, (void)args, (void)arg;
-    zd_named_tensors_t *nt = zd_ps_model_server_params(g_server);
-    zd_tensor_t *w = nt ? zd_named_tensors_find(nt, "weight") : NULL;
-    zd_tensor_t *b = nt ? zd_named_tensors_find(nt, "bias") : NULL;
-    zd_value_t *v = w && b && zd_named_tensors_len(nt) == 2 ? ZD_ARGS(w, b) : NULL;
-    if (nt && !v)
-        zd_error_set("the stage's copy has %d tensors, not weight and bias",
-                     zd_named_tensors_len(nt));
-    zd_named_tensors_free(nt);
-    return v;
-}
 
 static zd_value_t *fn_stop(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return zd_ps_model_server_stop(g_server) < 0 ? NULL : zd_value_none();
+    return zd_ps_model_server_stop(ps2_server()) < 0 ? NULL : zd_value_none();
 }
 
 static zd_value_t *fn_forwards(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return zd_value_int(zd_ps_model_server_forwards(g_server));
-}
-
-static zd_value_t *fn_version(zd_rpc_call_t *call, zd_value_t *args, void *arg)
-{
-    (void)call, (void)args, (void)arg;
-    return zd_value_int(zd_ps_model_server_version(g_server));
+    return zd_value_int(zd_ps_model_server_forwards(ps2_server()));
 }
 
 /*  "test_inflight"() -> [slots held, forwards waiting for one]. */
 static zd_value_t *fn_inflight(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    int waiting, held = zd_ps_model_server_inflight(g_server, &waiting);
+    int waiting, held = zd_ps_model_server_inflight(ps2_server(), &waiting);
     return ZD_ARGS((int64_t)held, (int64_t)waiting);
-}
-
-/*  Answered before the process dies: the caller then sees it lost. */
-static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
-{
-    (void)call, (void)args, (void)arg;
-    raise(SIGKILL);
-    return NULL;
 }
 
 /*  What on_forward saw (zd_ps_options_t): forwards by trainer (ranks 2
@@ -253,14 +133,6 @@ static zd_value_t *fn_on_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
                    atomic_load(&g_seen_samples));
 }
 
-static int join(const world_t *w)
-{
-    zd_rpc_options_t opts = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", w->rank);
-    return zd_rpc_init(name, w->rank, w->world_size, &opts);
-}
-
 /*  test_fault_points: a shard waits for the trainer's loss, then holds
     what it served and stepped against what the fault's moment leaves. */
 static int after_trainer_lost(const world_t *w)
@@ -271,8 +143,8 @@ static int after_trainer_lost(const world_t *w)
     int64_t until = world_now_ms() + world_scaled_ms(30000);
     while (!zd_rpc_peer_is_lost(2) && world_now_ms() < until)
         poll(NULL, 0, 10);
-    int64_t version = zd_ps_model_server_version(g_server);
-    int64_t forwards = zd_ps_model_server_forwards(g_server);
+    int64_t version = zd_ps_model_server_version(ps2_server());
+    int64_t forwards = zd_ps_model_server_forwards(ps2_server());
     if (!zd_rpc_peer_is_lost(2) || version != 2 || forwards != su->forwards_at_loss)
         return world_fail(w,
                           "%s: the trainer %slost; version %lld (2 wanted), %lld forwards "
@@ -285,31 +157,22 @@ static int after_trainer_lost(const world_t *w)
 static int run_shard(const world_t *w)
 {
     const setup_t *su = w->arg;
-    zd_ps_options_t o = zd_ps_options_default();
+    ps2_shard_t o = {.options = zd_ps_options_default(),
+                     .serving = su->fault ? after_trainer_lost : NULL,
+                     .shutdown_may_fail = su->kill_shard};
     if (su->max_input_numel)
-        o.max_input_numel = su->max_input_numel;
-    o.checkpoint_path = su->checkpoint;
-    o.checkpoint_every =
+        o.options.max_input_numel = su->max_input_numel;
+    o.options.checkpoint_path = su->checkpoint;
+    o.options.checkpoint_every =
         su->checkpoint && !su->by_hand ? (w->rank == 1 && su->every1 ? su->every1 : 2) : 0;
-    o.resume = su->resume;
-    o.max_inflight = su->max_inflight;
-    o.on_forward = on_forward;
-    WCHECK(g_stage = make_stage(w->rank));
-    WCHECK(g_server = zd_ps_model_server_new(g_stage, w->rank, 2, &o));
-    WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
+    o.options.resume = su->resume;
+    o.options.max_inflight = su->max_inflight;
+    o.options.on_forward = on_forward;
     WTRY(zd_rpc_register("test_stop", fn_stop, NULL));
     WTRY(zd_rpc_register("test_forwards", fn_forwards, NULL));
-    WTRY(zd_rpc_register("test_die", fn_die, NULL));
-    WTRY(zd_rpc_register("test_version", fn_version, NULL));
     WTRY(zd_rpc_register("test_inflight", fn_inflight, NULL));
     WTRY(zd_rpc_register("test_on_forward", fn_on_forward, NULL));
-    WTRY(join(w));
-    int rc = su->fault ? after_trainer_lost(w) : 0;
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_model_server_free(g_server);
-    zd_nn_module_free(g_stage);
-    return rc;
+    return ps2_run_shard(w, &o);
 }
 
 /*  ---- the trainers ---- */
@@ -321,7 +184,7 @@ static const int shard_ranks[2] = {0, 1};
 static int try_step(zd_ps_model_t *model, int trainer, int step, float *loss)
 {
     zd_tensor_t *x, *y, *out = NULL, *l = NULL;
-    make_batch(trainer, step, &x, &y);
+    ps2_make_batch(trainer, step, &x, &y);
     int rc = -1;
     ZD_DIST_AUTOGRAD_CONTEXT(ctx)
     {
@@ -356,85 +219,12 @@ static int step_at(const world_t *w, zd_ps_model_t *model, int step)
     return remote_step(w, model, 0, step, NULL);
 }
 
-/*  The model trained locally, to hold the shards' stages against: both
-    stages and SGD over their parameters. */
-typedef struct {
-    zd_nn_module_t *stage[2];
-    zd_optim_t *opt;
-} local_model_t;
-
-static void local_model_free(local_model_t *l)
-{
-    zd_optim_free(l->opt);
-    zd_nn_module_free(l->stage[0]);
-    zd_nn_module_free(l->stage[1]);
-}
-
-/*  0, or -1 with nothing held. */
-static int local_model_new(local_model_t *l, const zd_optim_config_t *sgd)
-{
-    *l = (local_model_t){.stage = {make_stage(0), make_stage(1)}};
-    if (l->stage[0] && l->stage[1]) {
-        zd_tensor_t *params[4] = {
-            zd_nn_module_param(l->stage[0], 0), zd_nn_module_param(l->stage[0], 1),
-            zd_nn_module_param(l->stage[1], 0), zd_nn_module_param(l->stage[1], 1)};
-        l->opt = zd_optim_new(sgd, params, 4);
-    }
-    if (l->opt)
-        return 0;
-    local_model_free(l);
-    return -1;
-}
-
-/*  The same step on the local copy (stages[0..1]) with autograd and SGD. */
-static int local_step(zd_nn_module_t **stages, zd_optim_t *opt, int step, float *loss)
-{
-    zd_tensor_t *x, *y, *h = NULL, *out = NULL, *l = NULL;
-    make_batch(0, step, &x, &y);
-    zd_optim_zero_grad(opt, true);
-    int rc = zd_nn_module_forward(stages[0], &x, 1, &h, 1) < 0 ||
-            zd_nn_module_forward(stages[1], &h, 1, &out, 1) < 0 || zd_nn_mse_loss(out, y, &l) < 0 ||
-            zd_autograd_backward(l, NULL, false) < 0 || zd_optim_step_grad(opt) < 0
-        ? -1
-        : 0;
-    if (rc == 0)
-        *loss = zd_tensor_data(l)[0];
-    zd_tensor_unref(l);
-    zd_tensor_unref(out);
-    zd_tensor_unref(h);
-    zd_tensor_unref(x);
-    zd_tensor_unref(y);
-    return rc;
-}
-
-/*  Stage s's parameters (on its shard) against the local copy's. */
-static int same_params(const world_t *w, int s, zd_nn_module_t *local)
-{
-    zd_value_t *v = NULL;
-    if (zd_rpc_sync(s, "test_stage_params", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
-        return world_fail(w, "stage %d's parameters: %s", s, zd_error_last());
-    int rc = 0;
-    for (int i = 0; rc == 0 && i < 2; i++) {
-        zd_tensor_t *t, *want = zd_nn_module_param(local, i);
-        if (zd_rpc_arg_tensor(v, (size_t)i, &t) < 0)
-            rc = world_fail(w, "stage %d: %s", s, zd_error_last());
-        for (int64_t k = 0; rc == 0 && k < zd_tensor_numel(want); k++) {
-            float a = zd_tensor_data(t)[k], b = zd_tensor_data(want)[k];
-            if (fabsf(a - b) > 1e-6f * (1 + fabsf(b)))
-                rc = world_fail(w, "stage %d %s[%lld] is %.9g, trained locally %.9g", s,
-                                zd_nn_module_param_name(local, i), (long long)k, a, b);
-        }
-    }
-    zd_value_unref(v);
-    return rc;
-}
-
 /*  A forward asking for the head's mode as a second output: 1 or 0, or
     -1 when it failed. */
 static int stage_mode(const world_t *w, zd_ps_model_t *model)
 {
     zd_tensor_t *x, *y, *out[2];
-    make_batch(0, 0, &x, &y);
+    ps2_make_batch(0, 0, &x, &y);
     int mode = -1;
     if (zd_ps_model_forward(model, &x, 1, out, 2, ZD_TIMEOUT_DEFAULT) < 0) {
         world_fail(w, "forward for the mode: %s", zd_error_last());
@@ -450,24 +240,20 @@ static int stage_mode(const world_t *w, zd_ps_model_t *model)
 
 static int exact_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    local_model_t lm;
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(local_model_new(&lm, &sgd));
-    zd_nn_module_t **local = lm.stage;
-    zd_optim_t *opt = lm.opt;
-    WTRY(join(w));
     int rc = 0;
     for (int step = 0; rc == 0 && step < N_STEPS; step++) {
         float remote, want;
-        if (remote_step(w, model, 0, step, &remote) < 0 || local_step(local, opt, step, &want) < 0)
+        if (remote_step(w, model, 0, step, &remote) < 0 || ps2_local_step(&lm, step, &want) < 0)
             rc = world_fail(w, "step %d: %s", step, zd_error_last());
         else if (fabsf(remote - want) > 1e-6f * (1 + want))
             rc = world_fail(w, "step %d: loss %.9g, trained locally %.9g", step, remote, want);
     }
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, local[s]);
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
     /* Evaluation mode reaches the stages, and training mode comes back. */
     if (rc == 0 && stage_mode(w, model) != 1)
         rc = world_fail(w, "the stages did not train in training mode");
@@ -477,11 +263,8 @@ static int exact_trainer(const world_t *w)
     zd_ps_model_train(model, true);
     if (rc == 0 && stage_mode(w, model) != 1)
         rc = world_fail(w, "training mode did not come back");
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 static int exact_world(const world_t *w)
@@ -534,19 +317,17 @@ static int raw_refused(const world_t *w, zd_value_t *args, const char *text)
 
 static int refusing_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     zd_tensor_t *x, *y;
-    make_batch(0, 0, &x, &y);
+    ps2_make_batch(0, 0, &x, &y);
     WCHECK(x && y);
     zd_tensor_data(x)[3] = NAN;
     int rc = expect_refused(w, model, x, ZD_ERR_ARGUMENT,
                             "stage 0 refused the forward: input 0 "
                             "element 3 is nan, not finite");
-    zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, (int64_t[]){BATCH, IN}, 2);
-    zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, (int64_t[]){200, IN}, 2);
+    zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, (int64_t[]){PS2_BATCH, PS2_IN}, 2);
+    zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, (int64_t[]){200, PS2_IN}, 2);
     WCHECK(bytes && big);
     if (rc == 0)
         rc = expect_refused(w, model, bytes, ZD_ERR_ARGUMENT, "input 0 is uint8");
@@ -581,10 +362,7 @@ static int refusing_trainer(const world_t *w)
     zd_tensor_unref(y);
     zd_tensor_unref(bytes);
     zd_tensor_unref(big);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static int refusing_world(const world_t *w)
@@ -618,12 +396,10 @@ static int sharing_trainer(const world_t *w)
 {
     const setup_t *su = w->arg;
     int trainer = w->rank - 2;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    WCHECK(model);
     if (trainer == 0)
         WTRY(zd_rpc_register("test_done", fn_done, NULL));
-    WTRY(join(w));
+    zd_ps_model_t *model = ps2_trainer_join(w);
+    WCHECK(model);
     int rc = 0;
     float first = 0, last = 0;
     for (int step = 0; rc == 0 && step < SHARED_STEPS; step++) {
@@ -664,7 +440,7 @@ static int sharing_trainer(const world_t *w)
     for (int s = 0; rc == 0 && su->kill_shard && trainer == 0 && s < 2; s++) {
         int64_t seen[5] = {0};
         const int64_t want[5] = {SHARED_STEPS, SHARED_STEPS / 3, SHARED_STEPS, SHARED_STEPS / 3,
-                                 2 * BATCH * (SHARED_STEPS + SHARED_STEPS / 3)};
+                                 2 * PS2_BATCH * (SHARED_STEPS + SHARED_STEPS / 3)};
         v = NULL;
         if (zd_rpc_sync(s, "test_on_forward", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0 ||
             ZD_UNPACK(v, &seen[0], &seen[1], &seen[2], &seen[3], &seen[4]) < 0)
@@ -685,7 +461,7 @@ static int sharing_trainer(const world_t *w)
         zd_rpc_sync(1, "test_die", NULL, world_scaled_ms(5000), &v);
         zd_value_unref(v);
         zd_tensor_t *x, *y;
-        make_batch(0, 0, &x, &y);
+        ps2_make_batch(0, 0, &x, &y);
         rc = expect_refused(w, model, x, ZD_ERR_PEER, "stage 1 (rank 1) lost");
         zd_tensor_unref(x);
         zd_tensor_unref(y);
@@ -744,10 +520,10 @@ static int wait_inflight(const world_t *w, int s, int held, int waiting)
 static int inflight_trainer(const world_t *w)
 {
     int trainer = w->rank - 2, rc = 0;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     zd_ps_model_t *model = zd_ps_model_new(NULL, 2, &sgd, NULL); /* ranks 0 and 1 */
     WCHECK(model);
-    WTRY(join(w));
+    WTRY(ps2_join(w));
     float loss;
     if (trainer == 1) {
         rc = wait_inflight(w, 0, 1, -1);
@@ -755,7 +531,7 @@ static int inflight_trainer(const world_t *w)
             rc = remote_step(w, model, trainer, 0, &loss);
     } else {
         zd_tensor_t *x, *y, *out = NULL, *l = NULL, *eval = NULL;
-        make_batch(0, 0, &x, &y);
+        ps2_make_batch(0, 0, &x, &y);
         int64_t ctx = -1;
         if (zd_dist_autograd_context_begin(&ctx) < 0 ||
             zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0)
@@ -793,10 +569,7 @@ static int inflight_trainer(const world_t *w)
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             zd_tensor_unref(ts[i]);
     }
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static int inflight_world(const world_t *w)
@@ -819,12 +592,12 @@ static void test_max_inflight(void **state)
 static int stop_waiting_trainer(const world_t *w)
 {
     int trainer = w->rank - 2, rc = 0;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     zd_ps_model_t *model = zd_ps_model_new(NULL, 2, &sgd, NULL);
     WCHECK(model);
-    WTRY(join(w));
+    WTRY(ps2_join(w));
     zd_tensor_t *x, *y, *out = NULL;
-    make_batch(trainer, 0, &x, &y);
+    ps2_make_batch(trainer, 0, &x, &y);
     if (trainer == 1) {
         rc = wait_inflight(w, 0, 1, -1);
         if (rc == 0)
@@ -848,10 +621,7 @@ static int stop_waiting_trainer(const world_t *w)
     zd_tensor_unref(out);
     zd_tensor_unref(x);
     zd_tensor_unref(y);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static int stop_waiting_world(const world_t *w)
@@ -875,10 +645,8 @@ static void test_stop_lets_waiting_forwards_go(void **state)
     forwards after steps 2 and 4 (versions 2 and 4, positions 2 and 4). */
 static int ckpt_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     float loss;
     int64_t none = 7;
@@ -897,7 +665,7 @@ static int ckpt_trainer(const world_t *w)
     }
     /* an evaluation forward's position is not kept */
     zd_tensor_t *x = NULL, *y = NULL, *out = NULL;
-    make_batch(0, 0, &x, &y);
+    ps2_make_batch(0, 0, &x, &y);
     zd_ps_model_train(model, false);
     if (rc == 0 &&
         (zd_ps_model_set_position(model, 99) < 0 ||
@@ -912,20 +680,7 @@ static int ckpt_trainer(const world_t *w)
     if (rc == 0 &&
         (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != N_STEPS - 1))
         rc = world_fail(w, "the live stages' position: %lld (%s)", (long long)at, zd_error_last());
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
-}
-
-static int64_t shard_version(int s)
-{
-    zd_value_t *v = NULL;
-    int64_t n = -1;
-    if (zd_rpc_sync(s, "test_version", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
-        zd_value_get_int(v, &n);
-    zd_value_unref(v);
-    return n;
+    return ps2_leave(w, model, rc);
 }
 
 /*  Where stage s says this trainer was, asked of it directly; -2 when it
@@ -951,31 +706,27 @@ static int64_t stage_position(int s)
     train both stages exactly as locally. */
 static int resumed_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_nn_module_t **local = lm.stage;
-    zd_optim_t *opt = lm.opt;
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
-    float loss;
     int64_t at = -2;
-    if (stage_position(0) != 4 || stage_position(1) != 2 || shard_version(0) != 4)
+    if (stage_position(0) != 4 || stage_position(1) != 2 || ps2_shard_version(0) != 4)
         rc = world_fail(w,
                         "the stages resumed at positions %lld and %lld (not 4 and 2), stage 0 "
                         "at version %lld (not 4)",
                         (long long)stage_position(0), (long long)stage_position(1),
-                        (long long)shard_version(0));
+                        (long long)ps2_shard_version(0));
     if (rc == 0 && (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2))
         rc = world_fail(w, "resumed at position %lld, not 2 (%s)", (long long)at, zd_error_last());
-    if (rc == 0 && (stage_position(0) != 2 || shard_version(0) != 2 || shard_version(1) != 2))
+    if (rc == 0 &&
+        (stage_position(0) != 2 || ps2_shard_version(0) != 2 || ps2_shard_version(1) != 2))
         rc = world_fail(w,
                         "stage 0 at position %lld, the stages at versions %lld and %lld, "
                         "not 2 and 2 and 2",
-                        (long long)stage_position(0), (long long)shard_version(0),
-                        (long long)shard_version(1));
+                        (long long)stage_position(0), (long long)ps2_shard_version(0),
+                        (long long)ps2_shard_version(1));
     /* the generation given up is gone from the disk: a later restart
        cannot resume from it */
     char path[96];
@@ -992,25 +743,22 @@ static int resumed_trainer(const world_t *w)
     if (rc == 0 && access(path, F_OK) == 0)
         rc = world_fail(w, "%s is still there", path);
     for (int step = 0; rc == 0 && step < 2; step++)
-        if (local_step(local, opt, step, &loss) < 0)
+        if (ps2_local_step(&lm, step, NULL) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, local[s]);
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
     for (int step = 2; rc == 0 && step < 5; step++) {
-        if (local_step(local, opt, step, &loss) < 0)
+        if (ps2_local_step(&lm, step, NULL) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
         if (rc == 0 && zd_ps_model_set_position(model, step) < 0)
             rc = world_fail(w, "set_position: %s", zd_error_last());
         if (rc == 0)
             rc = remote_step(w, model, 0, step, NULL);
     }
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, local[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 static int ckpt_world(const world_t *w)
@@ -1127,10 +875,8 @@ static int checkpoint_after_a_failed_write(const world_t *w, zd_ps_model_t *mode
     step, are refused. */
 static int by_hand_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     if (zd_ps_model_checkpoint(model, -1, ZD_TIMEOUT_DEFAULT) == 0 ||
         zd_error_code() != ZD_ERR_ARGUMENT)
@@ -1155,10 +901,7 @@ static int by_hand_trainer(const world_t *w)
         if (rc == 0 && step == 2)
             rc = checkpoint_after_a_failed_write(w, model);
     }
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 /*  The second run, resumed: both stages at version 3 and position 3, the
@@ -1166,41 +909,35 @@ static int by_hand_trainer(const world_t *w)
     locally. */
 static int by_hand_resumed(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     int64_t at = -2;
-    float loss;
     if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 3 ||
-        stage_position(0) != 3 || stage_position(1) != 3 || shard_version(0) != 3 ||
-        shard_version(1) != 3)
+        stage_position(0) != 3 || stage_position(1) != 3 || ps2_shard_version(0) != 3 ||
+        ps2_shard_version(1) != 3)
         rc = world_fail(w,
                         "resumed at position %lld (%s), the stages at %lld and %lld, versions "
                         "%lld and %lld: not all 3",
                         (long long)at, zd_error_last(), (long long)stage_position(0),
-                        (long long)stage_position(1), (long long)shard_version(0),
-                        (long long)shard_version(1));
+                        (long long)stage_position(1), (long long)ps2_shard_version(0),
+                        (long long)ps2_shard_version(1));
     for (int step = 0; rc == 0 && step < N_STEPS; step++) {
-        if (local_step(lm.stage, lm.opt, step, &loss) < 0)
+        if (ps2_local_step(&lm, step, NULL) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
-        for (int s = 0; rc == 0 && step == 2 && s < 2; s++)
-            rc = same_params(w, s, lm.stage[s]);
+        if (rc == 0 && step == 2)
+            rc = ps2_same_params(w, &lm);
         if (rc == 0 && step >= 3 && zd_ps_model_set_position(model, step) < 0)
             rc = world_fail(w, "set_position: %s", zd_error_last());
         if (rc == 0 && step >= 3)
             rc = remote_step(w, model, 0, step, NULL);
     }
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, lm.stage[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 /*  Two runs of the two shards writing only when asked and one trainer,
@@ -1244,10 +981,8 @@ static void test_checkpoint_by_the_trainer(void **state)
     generation than the one on disk is refused as stale. */
 static int across_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     for (int step = 0; rc == 0 && step < 4; step++) {
         rc = step_at(w, model, step);
@@ -1264,10 +999,7 @@ static int across_trainer(const world_t *w)
     if (rc == 0 && (g0 != 1 || g1 != 1 || v0 != 3 || v1 != 4))
         rc = world_fail(w, "the files: generations %lld and %lld at versions %lld and %lld",
                         (long long)g0, (long long)g1, (long long)v0, (long long)v1);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 /*  The second run, resumed: the stages are one generation, at versions
@@ -1279,17 +1011,15 @@ static int across_trainer(const world_t *w)
     before it); the next, after another step, is generation 3 on both. */
 static int across_resumed(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     int64_t at = -2;
     if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 3 ||
-        shard_version(0) != 3 || shard_version(1) != 4)
+        ps2_shard_version(0) != 3 || ps2_shard_version(1) != 4)
         rc = world_fail(w, "resumed at position %lld (%s), the stages at versions %lld and %lld",
-                        (long long)at, zd_error_last(), (long long)shard_version(0),
-                        (long long)shard_version(1));
+                        (long long)at, zd_error_last(), (long long)ps2_shard_version(0),
+                        (long long)ps2_shard_version(1));
     if (rc == 0)
         rc = step_at(w, model, 3);
     if (rc == 0 && raw_checkpoint(0, 4, 2) != ZD_OK)
@@ -1313,10 +1043,7 @@ static int across_resumed(const world_t *w)
     if (rc == 0 && (g0 != 3 || g1 != 3 || v0 != 5 || v1 != 6))
         rc = world_fail(w, "the files: generations %lld and %lld at versions %lld and %lld",
                         (long long)g0, (long long)g1, (long long)v0, (long long)v1);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static void test_checkpoint_one_generation_across_versions(void **state)
@@ -1332,10 +1059,8 @@ static void test_checkpoint_one_generation_across_versions(void **state)
     tells the trainer why), stage 0 stays at 2, stage 1 took it (5). */
 static int went_back_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     for (int step = 0; rc == 0 && step < 4; step++) {
         if (zd_ps_model_set_position(model, step) < 0)
@@ -1344,7 +1069,7 @@ static int went_back_trainer(const world_t *w)
             rc = remote_step(w, model, 0, step, NULL);
     }
     zd_tensor_t *x, *y, *out = NULL, *l = NULL;
-    make_batch(0, 4, &x, &y);
+    ps2_make_batch(0, 4, &x, &y);
     if (rc == 0)
         ZD_DIST_AUTOGRAD_CONTEXT(ctx)
         {
@@ -1376,31 +1101,23 @@ static int went_back_trainer(const world_t *w)
     zd_tensor_unref(out);
     zd_tensor_unref(x);
     zd_tensor_unref(y);
-    if (rc == 0 && (shard_version(0) != 2 || shard_version(1) != 5))
+    if (rc == 0 && (ps2_shard_version(0) != 2 || ps2_shard_version(1) != 5))
         rc = world_fail(w, "the stages at versions %lld and %lld, not 2 and 5",
-                        (long long)shard_version(0), (long long)shard_version(1));
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+                        (long long)ps2_shard_version(0), (long long)ps2_shard_version(1));
+    return ps2_leave(w, model, rc);
 }
 
 /*  Stages that write checkpoints every 2 and every 3 steps: the
     trainer's first forward fails, naming both. */
 static int apart_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     if (try_step(model, 0, 0, NULL) == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
         !strstr(zd_error_last(), "every 2 and 3 steps"))
         rc = world_fail(w, "a forward over stages apart: %s", zd_error_last());
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static int went_back_world(const world_t *w)
@@ -1429,16 +1146,8 @@ static void test_stage_gone_back_refuses_a_step(void **state)
 
 /*  ---- a shard killed and started again ---- */
 
-/*  Kills shard 1 and has its parent start it again once the trainer
-    says so; 0, or -1 when test_die was answered. */
-static int kill_shard_1(void)
-{
-    zd_value_t *v = NULL;
-    int rc = zd_rpc_sync(1, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0 ? -1 : 0;
-    zd_value_unref(v);
-    return rc;
-}
-
+/*  Has shard 1's parent (restarted_shard) start it again, after
+    ps2_kill_shard_1. */
 static int restart_shard_1(const world_t *w)
 {
     const setup_t *su = w->arg;
@@ -1464,9 +1173,9 @@ static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want, int6
     /* the stages as they are now are the ones it compares with */
     if (zd_ps_model_lost_shard(model, 1) != -1 || zd_error_code() != ZD_ERR_TIMEOUT)
         return world_fail(w, "a shard still seen lost after the recovery: %s", zd_error_last());
-    if (shard_version(0) != version || shard_version(1) != version)
+    if (ps2_shard_version(0) != version || ps2_shard_version(1) != version)
         return world_fail(w, "after the restart the stages are at versions %lld and %lld, not %lld",
-                          (long long)shard_version(0), (long long)shard_version(1),
+                          (long long)ps2_shard_version(0), (long long)ps2_shard_version(1),
                           (long long)version);
     /* each stage's own answer: the failed forward recorded nothing on
        the stage that refused it */
@@ -1494,22 +1203,17 @@ static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want, int6
     give the model trained locally. */
 static int restart_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_nn_module_t **local = lm.stage;
-    zd_optim_t *opt = lm.opt;
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
-    float loss;
     for (int step = 0; rc == 0 && step < 9; step++)
-        if (local_step(local, opt, step, &loss) < 0)
+        if (ps2_local_step(&lm, step, NULL) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
     for (int step = 0; rc == 0 && step < 4; step++)
         rc = step_at(w, model, step);
-    if (rc == 0 && kill_shard_1() < 0)
+    if (rc == 0 && ps2_kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die");
     if (rc == 0 &&
         (zd_ps_model_set_position(model, 4) < 0 || try_step(model, 0, 4, NULL) == 0 ||
@@ -1522,7 +1226,7 @@ static int restart_trainer(const world_t *w)
     for (int step = 2; rc == 0 && step < 7; step++)
         rc = step_at(w, model, step);
     /* both stages wrote version 6 at step 6's forward */
-    if (rc == 0 && kill_shard_1() < 0)
+    if (rc == 0 && ps2_kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die the second time");
     if (rc == 0)
         rc = restart_shard_1(w);
@@ -1537,54 +1241,32 @@ static int restart_trainer(const world_t *w)
         rc = recover_at(w, model, 6, 6);
     for (int step = 6; rc == 0 && step < 9; step++)
         rc = step_at(w, model, step);
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, local[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
+}
+
+/*  The setup is the whole world's: each of shard 1's processes takes a
+    copy saying whether it resumes. */
+static int shard_life(const world_t *w, bool resume)
+{
+    setup_t su = *(const setup_t *)w->arg;
+    world_t again = *w;
+    su.resume = resume;
+    again.arg = &su;
+    return run_shard(&again);
 }
 
 /*  Rank 1 serves from a child process; each time one is killed, the next,
     made with resume, joins the running world in its place once the
-    trainer says so. The rank's own process never starts RPC, so forking
-    it is safe; a child dies with it (a world that timed out kills only
-    the rank's process). */
+    trainer says so. */
 #define SHARD_LIVES 3
 
 static int restarted_shard(const world_t *w)
 {
-    setup_t su = *(const setup_t *)w->arg;
-    world_t again = *w;
-    again.arg = &su;
-    int lives = su.lives ? su.lives : SHARD_LIVES;
-    for (int run = 0; run < lives; run++) {
-        su.resume = run > 0;
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid < 0)
-            return world_fail(w, "fork: %s", strerror(errno));
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            exit(run_shard(&again) == 0 ? 0 : 1); /* exit, not _exit: LeakSanitizer's check */
-        }
-        int status;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        bool last = run == lives - 1;
-        if (last)
-            return WIFEXITED(status) && WEXITSTATUS(status) == 0
-                ? 0
-                : world_fail(w, "the last shard 1 ended with status %d", status);
-        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-            return world_fail(w, "shard 1's life %d ended with status %d, not killed", run, status);
-        struct pollfd p = {.fd = su.told[0], .events = POLLIN};
-        char c;
-        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(su.told[0], &c, 1) != 1)
-            return world_fail(w, "the trainer did not say when to restart shard 1");
-    }
-    return 0;
+    const setup_t *su = w->arg;
+    return ps2_restarted_shard(w, su->lives ? su->lives : SHARD_LIVES, su->told[0], shard_life);
 }
 
 static int restart_world(const world_t *w)
@@ -1635,17 +1317,12 @@ static void test_shard_restarted(void **state)
     steps from there end exactly as three steps trained locally. */
 static int early_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_nn_module_t **local = lm.stage;
-    zd_optim_t *opt = lm.opt;
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = step_at(w, model, 0);
-    float loss;
-    if (rc == 0 && kill_shard_1() < 0)
+    if (rc == 0 && ps2_kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die");
     if (rc == 0 &&
         (zd_ps_model_set_position(model, 1) < 0 || try_step(model, 0, 1, NULL) == 0 ||
@@ -1656,18 +1333,15 @@ static int early_trainer(const world_t *w)
     if (rc == 0)
         rc = recover_at(w, model, -1, 0);
     for (int step = 0; rc == 0 && step < 3; step++) {
-        if (local_step(local, opt, step, &loss) < 0)
+        if (ps2_local_step(&lm, step, NULL) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
         if (rc == 0)
             rc = step_at(w, model, step);
     }
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, local[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 static int early_world(const world_t *w)
@@ -1742,16 +1416,14 @@ static int tell(const world_t *w, int rank)
 static int told_trainer(const world_t *w)
 {
     int trainer = w->rank - 2, rc = 0;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    WCHECK(model);
     WTRY(zd_rpc_register("test_done", fn_done, NULL));
-    WTRY(join(w));
+    zd_ps_model_t *model = ps2_trainer_join(w);
+    WCHECK(model);
     if (trainer == 1) {
         for (int step = 0; rc == 0 && step < 2; step++)
             rc = step_at(w, model, step);
         zd_tensor_t *x, *y, *out = NULL, *l = NULL;
-        make_batch(1, 2, &x, &y);
+        ps2_make_batch(1, 2, &x, &y);
         if (rc == 0)
             ZD_DIST_AUTOGRAD_CONTEXT(ctx)
             {
@@ -1778,24 +1450,24 @@ static int told_trainer(const world_t *w)
         int64_t at = -2;
         if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
             rc = world_fail(w, "wait_shards: %s", zd_error_last());
-        if (rc == 0 && (shard_version(0) != 5 || shard_version(1) != 5))
+        if (rc == 0 && (ps2_shard_version(0) != 5 || ps2_shard_version(1) != 5))
             rc = world_fail(w,
                             "after the second look the stages are at versions %lld and %lld, "
                             "not 5 and 5",
-                            (long long)shard_version(0), (long long)shard_version(1));
+                            (long long)ps2_shard_version(0), (long long)ps2_shard_version(1));
         if (rc == 0 && (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2))
             rc = world_fail(w, "trainer 1 resumes at %lld, not 2 (%s)", (long long)at,
                             zd_error_last());
         if (rc == 0)
             rc = step_at(w, model, 2);
-        if (rc == 0 && (shard_version(0) != 6 || shard_version(1) != 6))
+        if (rc == 0 && (ps2_shard_version(0) != 6 || ps2_shard_version(1) != 6))
             rc = world_fail(w, "after trainer 1's step the stages are at %lld and %lld, not 6",
-                            (long long)shard_version(0), (long long)shard_version(1));
+                            (long long)ps2_shard_version(0), (long long)ps2_shard_version(1));
     } else {
         rc = wait_flag(w, &g_others_done, 1, "trainer 1's batches");
         for (int step = 0; rc == 0 && step < 4; step++)
             rc = step_at(w, model, step);
-        if (rc == 0 && kill_shard_1() < 0)
+        if (rc == 0 && ps2_kill_shard_1() < 0)
             rc = world_fail(w, "shard 1 answered test_die");
         if (rc == 0 &&
             (zd_ps_model_set_position(model, 4) < 0 || try_step(model, 0, 4, NULL) == 0 ||
@@ -1810,10 +1482,7 @@ static int told_trainer(const world_t *w)
         if (rc == 0)
             rc = tell(w, 3);
     }
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static int told_world(const world_t *w)
@@ -1840,13 +1509,11 @@ static void test_restart_unseen_by_a_trainer(void **state)
 static int fault_trainer(const world_t *w)
 {
     const setup_t *su = w->arg;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     zd_tensor_t *x, *y, *out = NULL;
-    make_batch(0, 0, &x, &y);
+    ps2_make_batch(0, 0, &x, &y);
     zd_ps_model_train(model, false);
     if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0)
         rc = world_fail(w, "evaluation forward: %s", zd_error_last());
@@ -1864,8 +1531,9 @@ static int fault_trainer(const world_t *w)
                         failed == 0 ? "succeeded" : zd_error_last());
     if (rc == 0)
         printf("%s: %s\n", su->fault, zd_error_last());
-    if (rc == 0 && shard_version(0) != (su->by_hand ? 3 : 2))
-        rc = world_fail(w, "%s: stage 0 at version %lld", su->fault, (long long)shard_version(0));
+    if (rc == 0 && ps2_shard_version(0) != (su->by_hand ? 3 : 2))
+        rc = world_fail(w, "%s: stage 0 at version %lld", su->fault,
+                        (long long)ps2_shard_version(0));
     zd_ps_model_free(model);
     zd_rpc_shutdown(true, world_scaled_ms(30000)); /* (a shard is gone) */
     return rc;
@@ -1929,7 +1597,7 @@ static void test_run_tag(void **state)
     char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], want[256], cmd[96];
     assert_non_null(mkdtemp(dir));
     snprintf(prefix, sizeof prefix, "%s/c", dir);
-    zd_nn_module_t *stage = make_stage(0);
+    zd_nn_module_t *stage = ps2_make_stage(0);
     zd_ps_options_t o = zd_ps_options_default();
     o.checkpoint_path = prefix;
     o.run_tag = "--lr=0.1 --seed=7";
@@ -1992,8 +1660,8 @@ static void test_run_tag(void **state)
 static void test_arguments(void **state)
 {
     (void)state;
-    zd_nn_module_t *stage = make_stage(0);
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *stage = ps2_make_stage(0);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     assert_null(zd_ps_model_server_new(NULL, 0, 1, NULL));
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     assert_null(zd_ps_model_server_new(stage, 2, 2, NULL));
@@ -2018,7 +1686,7 @@ static void test_arguments(void **state)
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     assert_null(zd_ps_model_new((int[]){0, -1}, 2, &sgd, NULL));
     assert_non_null(strstr(zd_error_last(), "shard 1 has rank -1"));
-    zd_optim_config_t unsized = {.kind = ZD_OPTIM_SGD, .lr = LR};
+    zd_optim_config_t unsized = {.kind = ZD_OPTIM_SGD, .lr = PS2_LR};
     assert_null(zd_ps_model_new(shard_ranks, 2, &unsized, NULL));
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     zd_tensor_t *out = NULL;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  A trainer's loop over the remote model (ps.h: zd_ps_model_run) in
-    worlds of real processes, on test_ps_model.c's model of two stages: a
-    hidden layer on shard 0 and a head on shard 1.
+    worlds of real processes, on the model of two stages of
+    tests/support/ps_two_stages.h (test_ps_model.c's): a hidden layer on
+    shard 0 and a head on shard 1.
     - one trainer, five batches: the events are START at 0, BATCH 1 to 5
       and DONE at 5, in order; each batch's loss, and the stages'
       parameters after the run, are what the same model trained locally
@@ -38,31 +39,21 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
-#include <zdist/module.h>
 #include <zdist/nn.h>
 #include <zdist/optim.h>
 #include <zdist/ps.h>
 #include <zdist/rpc.h>
 
+#include "tests/support/ps_two_stages.h"
 #include "tests/support/world.h"
-
-#define IN     4
-#define HIDDEN 8
-#define OUT    3
-#define BATCH  5
-#define LR     0.1
 
 typedef struct {
     const char *checkpoint; /* the shards' checkpoint_path (written only when asked), or NULL */
@@ -70,109 +61,9 @@ typedef struct {
     int told[2];            /* test_recover: the trainer tells shard 1's parent to restart it */
 } setup_t;
 
-/*  ---- the model: two stages (as test_ps_model.c's) ---- */
-
-typedef struct {
-    zd_tensor_t *w, *b; /* borrowed from the module */
-} linear_t;
-
-/*  Stage 0: tanh(x W^T + b). */
-static int hidden_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
-                          int n_out)
-{
-    linear_t *s = zd_nn_module_state(m);
-    zd_tensor_t *h = NULL;
-    if (n_in != 1 || n_out != 1)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "Hidden: one input, one output");
-    int rc = zd_nn_linear(in[0], s->w, s->b, &h);
-    if (rc == 0)
-        rc = zd_tensor_tanh(h, out);
-    zd_tensor_unref(h);
-    return rc;
-}
-
-/*  Stage 1: h W^T + b. */
-static int head_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
-                        int n_out)
-{
-    linear_t *s = zd_nn_module_state(m);
-    if (n_in != 1 || n_out != 1)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "Head: one input, one output");
-    return zd_nn_linear(in[0], s->w, s->b, &out[0]);
-}
-
-/*  A stage of in -> out features, weights drawn from seed as multiples
-    of 1/64 in [-0.5, 0.5). */
-static zd_nn_module_t *make_stage(int which)
-{
-    int64_t in = which == 0 ? IN : HIDDEN, out = which == 0 ? HIDDEN : OUT;
-    linear_t *s = calloc(1, sizeof *s);
-    zd_nn_module_t *m = s ? zd_nn_module_new(which == 0 ? "Hidden" : "Head",
-                                             which == 0 ? hidden_forward : head_forward, s, free)
-                          : NULL;
-    if (!m)
-        return NULL;
-    s->w = zd_nn_module_add_parameter(m, "weight", (int64_t[]){out, in}, 2);
-    s->b = zd_nn_module_add_parameter(m, "bias", (int64_t[]){out}, 1);
-    if (!s->w || !s->b) {
-        zd_nn_module_free(m);
-        return NULL;
-    }
-    zd_rng_t rng;
-    zd_rng_seed(&rng, 7 + (uint64_t)which);
-    for (int64_t k = 0; k < zd_tensor_numel(s->w); k++)
-        zd_tensor_data(s->w)[k] = (float)zd_rng_below(&rng, 64) / 64.0f - 0.5f;
-    for (int64_t k = 0; k < zd_tensor_numel(s->b); k++)
-        zd_tensor_data(s->b)[k] = (float)zd_rng_below(&rng, 64) / 64.0f - 0.5f;
-    return m;
-}
-
-/*  The batch at position `step` (x) and its regression target (y). */
-static void make_batch(int64_t step, zd_tensor_t **x, zd_tensor_t **y)
-{
-    *x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BATCH, IN}, 2);
-    *y = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BATCH, OUT}, 2);
-    if (!*x || !*y)
-        return;
-    for (int64_t k = 0; k < BATCH * IN; k++)
-        zd_tensor_data(*x)[k] = (float)((k * 7 + step * 3) % 11) / 11.0f - 0.5f;
-    for (int64_t k = 0; k < BATCH * OUT; k++)
-        zd_tensor_data(*y)[k] = (float)((k * 5) % 7) / 7.0f - 0.5f;
-}
-
 /*  ---- the shards ---- */
 
-static zd_nn_module_t *g_stage; /* this shard process's stage */
-static zd_ps_model_server_t *g_server;
 static zd_ps_trainers_t *g_registry; /* rank 0, with setup_t.registry */
-
-/*  "test_stage_params"() -> [weight, bias] of this process's stage. */
-static zd_value_t *fn_stage_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
-{
-    (void)call, (void)args, (void)arg;
-    zd_named_tensors_t *nt = zd_ps_model_server_params(g_server);
-    zd_tensor_t *w = nt ? zd_named_tensors_find(nt, "weight") : NULL;
-    zd_tensor_t *b = nt ? zd_named_tensors_find(nt, "bias") : NULL;
-    zd_value_t *v = w && b ? ZD_ARGS(w, b) : NULL;
-    if (nt && !v)
-        zd_error_set("the stage's copy has no weight and bias");
-    zd_named_tensors_free(nt);
-    return v;
-}
-
-static zd_value_t *fn_version(zd_rpc_call_t *call, zd_value_t *args, void *arg)
-{
-    (void)call, (void)args, (void)arg;
-    return zd_value_int(zd_ps_model_server_version(g_server));
-}
-
-/*  Never answered: the caller sees the process lost. */
-static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
-{
-    (void)call, (void)args, (void)arg;
-    raise(SIGKILL);
-    return NULL;
-}
 
 /*  "test_trainer"() -> what the registry knows of the trainer (rank 2):
     [started, finished, failed, failed_at, why]. */
@@ -185,136 +76,33 @@ static zd_value_t *fn_trainer(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return ZD_ARGS(info.started, info.finished, info.failed, info.failed_at, info.why);
 }
 
-static int join(const world_t *w)
-{
-    zd_rpc_options_t opts = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", w->rank);
-    return zd_rpc_init(name, w->rank, w->world_size, &opts);
-}
-
 /*  Serves stage w->rank (resumed from its checkpoint with resume) until
     the world shuts down. */
 static int run_shard(const world_t *w, bool resume)
 {
     const setup_t *su = w->arg;
-    zd_ps_options_t o = zd_ps_options_default();
-    o.checkpoint_path = su->checkpoint; /* checkpoint_every 0: the trainer's only */
-    o.resume = resume;
+    ps2_shard_t o = {.options = zd_ps_options_default()};
+    o.options.checkpoint_path = su->checkpoint; /* checkpoint_every 0: the trainer's only */
+    o.options.resume = resume;
     if (su->registry && w->rank == 0) {
         zd_ps_trainers_options_t to = zd_ps_trainers_options_default();
         to.first_trainer = 2;
         WCHECK(g_registry = zd_ps_trainers_new(&to));
         WTRY(zd_rpc_register("test_trainer", fn_trainer, NULL));
     }
-    WCHECK(g_stage = make_stage(w->rank));
-    WCHECK(g_server = zd_ps_model_server_new(g_stage, w->rank, 2, &o));
-    WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
-    WTRY(zd_rpc_register("test_version", fn_version, NULL));
-    WTRY(zd_rpc_register("test_die", fn_die, NULL));
-    WTRY(join(w));
-    int rc = 0;
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_model_server_free(g_server);
-    zd_nn_module_free(g_stage);
+    int rc = ps2_run_shard(w, &o);
     zd_ps_trainers_free(g_registry);
     return rc;
 }
 
-/*  ---- the trainer's side: the model trained locally ---- */
+/*  ---- the trainer's side ---- */
 
 static const int shard_ranks[2] = {0, 1};
-
-/*  The model trained locally, to hold the shards' stages against: both
-    stages and SGD over their parameters. */
-typedef struct {
-    zd_nn_module_t *stage[2];
-    zd_optim_t *opt;
-} local_model_t;
-
-static void local_model_free(local_model_t *l)
-{
-    zd_optim_free(l->opt);
-    zd_nn_module_free(l->stage[0]);
-    zd_nn_module_free(l->stage[1]);
-}
-
-/*  0, or -1 with nothing held. */
-static int local_model_new(local_model_t *l, const zd_optim_config_t *sgd)
-{
-    *l = (local_model_t){.stage = {make_stage(0), make_stage(1)}};
-    if (l->stage[0] && l->stage[1]) {
-        zd_tensor_t *params[4] = {
-            zd_nn_module_param(l->stage[0], 0), zd_nn_module_param(l->stage[0], 1),
-            zd_nn_module_param(l->stage[1], 0), zd_nn_module_param(l->stage[1], 1)};
-        l->opt = zd_optim_new(sgd, params, 4);
-    }
-    if (l->opt)
-        return 0;
-    local_model_free(l);
-    return -1;
-}
-
-/*  The batch at position `step` trained on the local copy with autograd
-    and SGD, its loss into *loss (if not NULL). 0, or -1. */
-static int local_step(local_model_t *lm, int64_t step, float *loss)
-{
-    zd_tensor_t *x, *y, *h = NULL, *out = NULL, *l = NULL;
-    make_batch(step, &x, &y);
-    zd_optim_zero_grad(lm->opt, true);
-    int rc = zd_nn_module_forward(lm->stage[0], &x, 1, &h, 1) < 0 ||
-            zd_nn_module_forward(lm->stage[1], &h, 1, &out, 1) < 0 ||
-            zd_nn_mse_loss(out, y, &l) < 0 || zd_autograd_backward(l, NULL, false) < 0 ||
-            zd_optim_step_grad(lm->opt) < 0
-        ? -1
-        : 0;
-    if (rc == 0 && loss)
-        *loss = zd_tensor_data(l)[0];
-    zd_tensor_unref(l);
-    zd_tensor_unref(out);
-    zd_tensor_unref(h);
-    zd_tensor_unref(x);
-    zd_tensor_unref(y);
-    return rc;
-}
-
-/*  Stage s's parameters (on its shard) against the local copy's. */
-static int same_params(const world_t *w, int s, zd_nn_module_t *local)
-{
-    zd_value_t *v = NULL;
-    if (zd_rpc_sync(s, "test_stage_params", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
-        return world_fail(w, "stage %d's parameters: %s", s, zd_error_last());
-    int rc = 0;
-    for (int i = 0; rc == 0 && i < 2; i++) {
-        zd_tensor_t *t, *want = zd_nn_module_param(local, i);
-        if (zd_rpc_arg_tensor(v, (size_t)i, &t) < 0)
-            rc = world_fail(w, "stage %d: %s", s, zd_error_last());
-        for (int64_t k = 0; rc == 0 && k < zd_tensor_numel(want); k++) {
-            float a = zd_tensor_data(t)[k], b = zd_tensor_data(want)[k];
-            if (fabsf(a - b) > 1e-6f * (1 + fabsf(b)))
-                rc = world_fail(w, "stage %d %s[%lld] is %.9g, trained locally %.9g", s,
-                                zd_nn_module_param_name(local, i), (long long)k, a, b);
-        }
-    }
-    zd_value_unref(v);
-    return rc;
-}
-
-static int64_t shard_version(int s)
-{
-    zd_value_t *v = NULL;
-    int64_t n = -1;
-    if (zd_rpc_sync(s, "test_version", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
-        zd_value_get_int(v, &n);
-    zd_value_unref(v);
-    return n;
-}
 
 /*  Both stages at `version` (the steps they took), or the world's failure. */
 static int versions_are(const world_t *w, int64_t version, const char *when)
 {
-    int64_t v0 = shard_version(0), v1 = shard_version(1);
+    int64_t v0 = ps2_shard_version(0), v1 = ps2_shard_version(1);
     if (v0 != version || v1 != version)
         return world_fail(w, "%s: the stages at versions %lld and %lld, not %lld", when,
                           (long long)v0, (long long)v1, (long long)version);
@@ -353,15 +141,6 @@ static trainer_t trainer_plain(const world_t *w)
     return (trainer_t){.w = w, .shift_at = -1, .unsound_at = -1};
 }
 
-/*  Kills shard 1; 0, or -1 when test_die was answered. */
-static int kill_shard_1(void)
-{
-    zd_value_t *v = NULL;
-    int rc = zd_rpc_sync(1, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0 ? -1 : 0;
-    zd_value_unref(v);
-    return rc;
-}
-
 /*  zd_ps_loss_fn: the batch's forward through the stages and its mean
     squared error (plus t->shift at t->shift_at). */
 static int batch_loss(void *arg, zd_ps_model_t *m, int64_t position, zd_tensor_t **loss)
@@ -373,7 +152,7 @@ static int batch_loss(void *arg, zd_ps_model_t *m, int64_t position, zd_tensor_t
     }
     t->n_loss++;
     zd_tensor_t *x, *y, *out = NULL, *l = NULL, *shift = NULL;
-    make_batch(position, &x, &y);
+    ps2_make_batch(0, position, &x, &y);
     int rc = x && y ? zd_ps_model_forward(m, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) : -1;
     if (rc == 0)
         rc = zd_nn_mse_loss(out, y, &l);
@@ -431,7 +210,7 @@ static int on_event(void *arg, const zd_ps_run_event_t *ev)
     }
     if (ev->kind == ZD_PS_RUN_BATCH && ev->position == t->kill_at) {
         t->kill_at = 0; /* once: BATCH 5 comes again after the shard is back */
-        if (kill_shard_1() < 0)
+        if (ps2_kill_shard_1() < 0)
             return zd_error_set("shard 1 answered test_die");
     }
     if (ev->kind == ZD_PS_RUN_BATCH && ev->position == t->refuse_at)
@@ -530,16 +309,14 @@ static int losses_are(const world_t *w, const trainer_t *t, const float *want, i
 
 static int exact_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     float want[N_BATCHES];
     for (int step = 0; rc == 0 && step < N_BATCHES; step++)
-        if (local_step(&lm, step, &want[step]) < 0)
+        if (ps2_local_step(&lm, step, &want[step]) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
     trainer_t t = trainer_plain(w);
     zd_ps_run_options_t o = run_options(&t, N_BATCHES);
@@ -569,13 +346,10 @@ static int exact_trainer(const world_t *w)
                         (long long)zd_dist_autograd_current_context());
     if (rc == 0)
         rc = versions_are(w, N_BATCHES, "after the run");
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, lm.stage[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 static int exact_world(const world_t *w)
@@ -611,12 +385,10 @@ static void test_exact(void **state)
     positions 0 1, 0 1, 0 1 2, 0, 0. */
 static int diverging_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
 
     trainer_t t = trainer_plain(w);
@@ -685,15 +457,12 @@ static int diverging_trainer(const world_t *w)
 
     const int64_t trained[] = {0, 1, 0, 1, 0, 1, 2, 0, 0};
     for (size_t i = 0; rc == 0 && i < sizeof trained / sizeof trained[0]; i++)
-        if (local_step(&lm, trained[i], NULL) < 0)
+        if (ps2_local_step(&lm, trained[i], NULL) < 0)
             rc = world_fail(w, "local step %zu: %s", i, zd_error_last());
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, lm.stage[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 static int diverging_world(const world_t *w)
@@ -744,10 +513,8 @@ static int registry_says(const world_t *w, bool finished, bool failed, int64_t f
     with that text. */
 static int refusing_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     trainer_t t = trainer_plain(w);
     zd_ps_run_options_t o = run_options(&t, 2);
@@ -776,10 +543,7 @@ static int refusing_trainer(const world_t *w)
         rc = versions_are(w, 5, "after the callback refused BATCH 3");
     if (rc == 0)
         rc = registry_says(w, true, true, 3, "the evaluation after batch 3 failed");
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    return rc;
+    return ps2_leave(w, model, rc);
 }
 
 static int refusing_world(const world_t *w)
@@ -810,16 +574,14 @@ static void test_registry_and_a_refusing_event(void **state)
     eight batches, each once. */
 static int recover_trainer(const world_t *w)
 {
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    local_model_t lm;
-    WTRY(local_model_new(&lm, &sgd));
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    ps2_local_t lm;
+    WTRY(ps2_local_new(&lm));
+    zd_ps_model_t *model = ps2_trainer_join(w);
     WCHECK(model);
-    WTRY(join(w));
     int rc = 0;
     float want[RECOVER_BATCHES];
     for (int step = 0; rc == 0 && step < RECOVER_BATCHES; step++)
-        if (local_step(&lm, step, &want[step]) < 0)
+        if (ps2_local_step(&lm, step, &want[step]) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
     trainer_t t = trainer_plain(w);
     t.kill_at = 5;
@@ -846,47 +608,19 @@ static int recover_trainer(const world_t *w)
         rc = losses_are(w, &t, want, RECOVER_BATCHES);
     if (rc == 0)
         rc = versions_are(w, RECOVER_BATCHES, "after the run");
-    for (int s = 0; rc == 0 && s < 2; s++)
-        rc = same_params(w, s, lm.stage[s]);
-    zd_ps_model_free(model);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    local_model_free(&lm);
-    return rc;
+    if (rc == 0)
+        rc = ps2_same_params(w, &lm);
+    ps2_local_free(&lm);
+    return ps2_leave(w, model, rc);
 }
 
 /*  Rank 1 serves from a child process; when it is killed, the next one,
     made with resume, joins the running world in its place once the
-    trainer says so. The rank's own process never starts RPC, so forking
-    it is safe; a child dies with it. */
+    trainer says so. */
 static int restarted_shard(const world_t *w)
 {
     const setup_t *su = w->arg;
-    for (int life = 0; life < 2; life++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid < 0)
-            return world_fail(w, "fork: %s", strerror(errno));
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            exit(run_shard(w, life > 0) == 0 ? 0 : 1); /* exit, not _exit: LeakSanitizer's check */
-        }
-        int status;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        if (life == 1)
-            return WIFEXITED(status) && WEXITSTATUS(status) == 0
-                ? 0
-                : world_fail(w, "the restarted shard 1 ended with status %d", status);
-        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-            return world_fail(w, "shard 1's first process ended with status %d, not killed",
-                              status);
-        struct pollfd p = {.fd = su->told[0], .events = POLLIN};
-        char c;
-        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(su->told[0], &c, 1) != 1)
-            return world_fail(w, "the trainer did not say when to restart shard 1");
-    }
-    return 0;
+    return ps2_restarted_shard(w, 2, su->told[0], run_shard);
 }
 
 static int recover_world(const world_t *w)
@@ -965,7 +699,7 @@ static const char *spoil(zd_ps_run_options_t *o, int i)
 static void test_bad_options(void **state)
 {
     (void)state;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
     assert_non_null(model);
     trainer_t t = trainer_plain(NULL);
