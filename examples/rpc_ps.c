@@ -18,23 +18,18 @@
       get_accuracy        get_accuracy (dropout off)
       run_worker          main: the servers leave only after every
                           trainer has finished (graceful shutdown)
-    The layer's loop keeps the checkpoints, the --max_staleness gate, a
-    diverging loss stopped, and the wait for a lost shard and the way back
-    to its checkpoint; this program reports (on_event): progress lines,
-    curves, evaluations. Its flags are in rpc_ps_flags.c. */
+    The layer's loop keeps checkpoints, --max_staleness, divergence and a
+    lost shard's return; this program reports (on_event). Its flags are in
+    rpc_ps_flags.c. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <zdist/zdist.h>
 
-#include "examples/flags.h"
 #include "examples/rpc_ps.h"
 #include "examples/ps_stages.h"
 #include "examples/train_common.h"
 #include "examples/train_log.h"
-
-/*  ---- TrainerNet, run_training_loop, get_accuracy ---- */
 
 /*  A trainer: its handle on the model (the tutorial's TrainerNet), its
     data, where it is, and what it reports. */
@@ -52,10 +47,9 @@ typedef struct {
     train_log_t log; /* progress line, curves */
 } trainer_t;
 
-/*  The tutorial's loop body, up to the loss: the batch at `position`
-    (epoch by epoch, each shuffled: the first trainer as train_local with
-    the same seed) through the servers' model. The layer's loop runs the
-    backward and the step. */
+/*  The tutorial's loop body up to the loss (the layer's loop runs the
+    backward and the step): the batch at `position`, epochs shuffled by
+    seed and epoch (the first trainer as train_local), through the model. */
 static int batch_loss(void *arg, zd_ps_model_t *m, int64_t position, zd_tensor_t **loss)
 {
     trainer_t *t = arg;
@@ -102,9 +96,7 @@ static int get_accuracy(trainer_t *t, int64_t limit, double *acc)
 static int on_start(trainer_t *t)
 {
     const rpc_ps_options_t *o = t->o;
-    /* (the same batches in the same order follow: the order depends on
-       seed and epoch) */
-    if (t->resumed)
+    if (t->resumed) /* (the same batches follow: batch_loss's order) */
         printf("Rank %d %s at batch %lld (%lld batches done)\n", t->rank,
                t->rejoined ? "rejoined the world; resuming" : "resuming", (long long)t->done,
                (long long)t->done);
@@ -123,8 +115,8 @@ static int on_start(trainer_t *t)
                           train_now());
 }
 
-/*  What follows a trained batch: progress and the
-    tutorial's loss line, curves, and --eval_every's evaluation. 0, or -1. */
+/*  After a trained batch: progress, the tutorial's loss line, curves,
+    --eval_every's evaluation. 0, or -1. */
 static int on_batch(trainer_t *t, float loss)
 {
     const rpc_ps_options_t *o = t->o;
@@ -142,8 +134,7 @@ static int on_batch(trainer_t *t, float loss)
     /* (the last batch's evaluation is the final one) */
     if (o->eval_every == 0 || t->done % o->eval_every != 0 || t->done >= t->total)
         return 0;
-    /* this trainer's own look at the weights as they are now, while the
-       other trainers go on */
+    /* its own look at the weights, while the other trainers go on */
     double acc;
     if (get_accuracy(t, o->eval_samples, &acc) < 0)
         return -1;
@@ -187,10 +178,9 @@ static int on_event(void *arg, const zd_ps_run_event_t *ev)
     return 0;
 }
 
-/*  The tutorial's run_training_loop, on the layer's loop: from the first
-    batch, or with --resume (or rejoined) from where the servers say this
-    trainer was, to the last, going back to the servers' checkpoint as
-    often as a shard is lost and comes back. 0, or -1. */
+/*  The tutorial's run_training_loop on the layer's: from the first batch
+    (resumed or rejoined: where the servers say this trainer was) to the
+    last, back to the checkpoint whenever a lost shard returns. 0, or -1. */
 static int run_training_loop(trainer_t *t)
 {
     const rpc_ps_options_t *o = t->o;
@@ -203,9 +193,7 @@ static int run_training_loop(trainer_t *t)
         t->total = o->max_batches;
     t->rejoined = zd_rpc_rejoined();
     if (t->rejoined && !o->checkpoint)
-        printf("Rank %d rejoined the world; without --checkpoint it starts from its first "
-               "batch\n",
-               t->rank);
+        printf("Rank %d rejoined; without --checkpoint it starts again at batch 0\n", t->rank);
     t->resumed = o->checkpoint && (o->resume || t->rejoined);
     zd_ps_run_options_t ro = zd_ps_run_options_default();
     ro.batches = t->total;
@@ -224,37 +212,29 @@ static int run_training_loop(trainer_t *t)
     ro.loss_growth = 100;
     char hint[160];
     snprintf(hint, sizeof hint,
-             "Remedies: a lower --lr (now %g), or --max_staleness=K (fewer stale updates from "
-             "the other trainers)",
+             "Remedies: a lower --lr (now %g), or --max_staleness=K (fewer "
+             "stale updates from the other trainers)",
              o->lr);
     ro.diverging_hint = hint;
     return zd_ps_model_run(t->model, &ro, &t->done);
 }
 
-/*  After the last batch: prints the test accuracy of the final weights,
-    which the trainers share (one evaluation on rank 0, when the last is
-    done); one that waits longer than the RPC timeout evaluates by
-    itself. 0, or -1. */
+/*  Prints the final weights' accuracy, evaluated once on rank 0 when the
+    last trainer is done (one kept waiting past the RPC timeout evaluates
+    alone), and this trainer's throughput. 0, or -1. */
 static int final_accuracy(trainer_t *t)
 {
     const rpc_ps_options_t *o = t->o;
     printf("Training complete!\nGetting accuracy....\n");
     double acc;
-    zd_value_t *req = zd_value_int(o->eval_samples), *res = NULL;
-    int rc = req ? zd_ps_trainer_wait_all(0, req, ZD_TIMEOUT_DEFAULT, &res) : -1;
-    if (rc == 0)
-        rc = zd_value_get_float(res, &acc);
-    zd_value_unref(req);
-    zd_value_unref(res);
-    if (rc < 0) {
+    if (rpc_ps_shared_accuracy(o, &acc) < 0) {
         fprintf(stderr, "rpc_ps trainer %d: shared evaluation failed (%s); evaluating alone\n",
                 t->rank, zd_error_last());
         if (get_accuracy(t, o->eval_samples, &acc) < 0)
             return -1;
     }
-    printf("Rank %d test accuracy %.2f %%\n", t->rank, 100 * acc);
-    printf("Rank %d throughput %.0f samples/s\n", t->rank,
-           (double)(t->trained * o->batch_size) / t->secs);
+    printf("Rank %d test accuracy %.2f %%\nRank %d throughput %.0f samples/s\n", t->rank, 100 * acc,
+           t->rank, (double)(t->trained * o->batch_size) / t->secs);
     if (!t->log.curves)
         return 0;
     if (train_log_accuracy(&t->log, t->done, acc, train_now()) < 0)
@@ -266,18 +246,16 @@ static int final_accuracy(trainer_t *t)
 
 /*  A trainer rank: joins the world, trains, and leaves with the others.
     0, or -1 (the error printed; the layer told rank 0). */
-static int run_trainer(const rpc_ps_options_t *o, const char *name)
+static int run_trainer(const rpc_ps_options_t *o)
 {
     trainer_t t = {.o = o, .rank = (int)o->world.rank, .epoch = -1};
     zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
     /* (before zd_rpc_init: the handle installs distributed autograd) */
     if (!(t.model = zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL))) {
-        fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
+        fprintf(stderr, "rpc_ps %s: %s\n", o->name, zd_error_last());
         return -1;
     }
-    printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o->world.world_size,
-           o->world.master_addr ? o->world.master_addr : "*", (long long)o->world.master_port);
-    if (flags_world_init(&o->world, name, o->init_timeout_s * 1000, "rpc_ps") < 0) {
+    if (rpc_ps_join(o) < 0) {
         zd_ps_model_free(t.model);
         return -1;
     }
@@ -292,14 +270,13 @@ static int run_trainer(const rpc_ps_options_t *o, const char *name)
     /* The model's RRefs go before the world does. */
     zd_ps_model_free(t.model);
     fflush(stdout);
-    /* Everyone waits here until every trainer is done (one that dies or
-       freezes is declared lost); a trainer whose run failed leaves with
-       the others when they are done within the RPC timeout, else alone. */
+    /* Every trainer waits for all (a dead or frozen one is declared lost);
+       a failed one waits the RPC timeout at most, then leaves alone. */
     int64_t shutdown_ms = ZD_TIMEOUT_DEFAULT;
     if (rc < 0)
         shutdown_ms = zd_rpc_get_timeout() > 0 ? zd_rpc_get_timeout() : 60000;
     if (zd_rpc_shutdown(true, shutdown_ms) < 0) {
-        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
+        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", o->name, zd_error_last());
         rc = -1;
     }
     free(t.order);
@@ -310,8 +287,7 @@ static int run_trainer(const rpc_ps_options_t *o, const char *name)
 
 int main(int argc, char **argv)
 {
-    /* first, before any thread or BLAS call: the allocator and OpenBLAS
-       set-up the layers' speed relies on (zdist/nn.h) */
+    /* first, before any thread: the allocator and BLAS set-up (zdist/nn.h) */
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -319,10 +295,6 @@ int main(int argc, char **argv)
     int pr = rpc_ps_options_parse(argc, argv, &o);
     if (pr != 0)
         return pr == 1 ? 0 : 2;
-    if (o.threads > 0 && zd_nn_set_num_threads((int)o.threads) < 0) {
-        fprintf(stderr, "rpc_ps %s: %s\n", o.name, zd_error_last());
-        return 1;
-    }
-    int rc = o.world.rank < o.num_servers ? rpc_ps_serve(&o, o.name) : run_trainer(&o, o.name);
+    int rc = o.world.rank < o.num_servers ? rpc_ps_serve(&o, o.name) : run_trainer(&o);
     return rc == 0 ? 0 : 1;
 }

@@ -36,16 +36,26 @@ typedef struct {
 /*  The test images of one evaluation forward. */
 #define RPC_PS_EVAL_BATCH 500
 
-/*  Parses and checks the flags into *o, with the worker's name and its
-    threads (--threads 0 resolved), and sets ZDIST_MASTER_WAIT_S from
+/*  Parses and checks the flags into *o, with the worker's name, sets its
+    compute threads (--threads 0 resolved), and sets ZDIST_MASTER_WAIT_S from
     --server_wait_s with --checkpoint (rpc_ps_flags.c). 0, 1 (--help
     printed: exit 0), or 2 (a bad flag, the message printed: exit 2). */
 int rpc_ps_options_parse(int argc, char **argv, rpc_ps_options_t *o);
+
+/*  Says so and joins the world the flags describe (rpc_ps_flags.c). 0,
+    or -1 (the error printed). */
+int rpc_ps_join(const rpc_ps_options_t *o);
 
 /*  A server rank: serves its stage of the Net (and on rank 0 the
     trainers' book: their events, the shared final evaluation,
     --save_model, the report at the end) until every trainer is done,
     then leaves the world. 0, or -1 (the error printed). */
 int rpc_ps_serve(const rpc_ps_options_t *o, const char *name);
+
+/*  A trainer's last call: waits until every trainer is done, then gives
+    the accuracy of the final weights on --eval_samples test images, which
+    rank 0 computes once for all. 0, or -1 (the RPC timeout passed, rank 0
+    failed or is gone). */
+int rpc_ps_shared_accuracy(const rpc_ps_options_t *o, double *acc);
 
 #endif

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  rpc_ps_flags.c: rpc_ps's flags: their defaults (the tutorial's), the
     table that parses them and prints --help, what their types leave to
-    check, and what follows from them (the worker's name, its threads, how
-    long the others wait for a lost rank 0). */
+    check, and what follows from them (the worker's name, its threads, set
+    here, how long the others wait for a lost rank 0). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +166,10 @@ int rpc_ps_options_parse(int argc, char **argv, rpc_ps_options_t *o)
        pass over all cores while the passes wait for each other. */
     if (o->threads == 0 && (!server || o->world.world_size - o->num_servers >= 2))
         o->threads = 1;
+    if (o->threads > 0 && zd_nn_set_num_threads((int)o->threads) < 0) {
+        fprintf(stderr, "rpc_ps: --threads: %s\n", zd_error_last());
+        return 2;
+    }
     /* With checkpoints a lost rank 0 may come back: the others keep
        registering with the rendezvous address while trainers wait for it
        (set for every rank: rank 0 hands it to its members). */
@@ -174,4 +178,11 @@ int rpc_ps_options_parse(int argc, char **argv, rpc_ps_options_t *o)
     if (o->checkpoint && !getenv("ZDIST_MASTER_WAIT_S"))
         setenv("ZDIST_MASTER_WAIT_S", wait_s, 1);
     return 0;
+}
+
+int rpc_ps_join(const rpc_ps_options_t *o)
+{
+    printf("%s: joining a world of %lld at %s:%lld\n", o->name, (long long)o->world.world_size,
+           o->world.master_addr ? o->world.master_addr : "*", (long long)o->world.master_port);
+    return flags_world_init(&o->world, o->name, o->init_timeout_s * 1000, "rpc_ps");
 }

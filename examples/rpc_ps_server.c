@@ -93,6 +93,17 @@ static zd_value_t *shared_accuracy(void *arg, const zd_value_t *request)
     return zd_value_float(acc);
 }
 
+int rpc_ps_shared_accuracy(const rpc_ps_options_t *o, double *acc)
+{
+    zd_value_t *req = zd_value_int(o->eval_samples), *res = NULL;
+    int rc = req ? zd_ps_trainer_wait_all(0, req, ZD_TIMEOUT_DEFAULT, &res) : -1;
+    if (rc == 0)
+        rc = zd_value_get_float(res, acc);
+    zd_value_unref(req);
+    zd_value_unref(res);
+    return rc;
+}
+
 /*  The registry's news, on this server's terminal. */
 static void on_trainer(void *arg, const zd_ps_trainer_info_t *t, const char *name,
                        zd_ps_trainer_event_t event)
@@ -284,11 +295,8 @@ int rpc_ps_serve(const rpc_ps_options_t *o, const char *name)
     if (!stage || serve(o, stage, tag, &srv) < 0) {
         fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
     } else {
-        printf("%s: joining a world of %lld at %s:%lld\nPS master initializing RPC\n", name,
-               (long long)o->world.world_size, o->world.master_addr ? o->world.master_addr : "*",
-               (long long)o->world.master_port);
-        /* (flags_world_init prints its error) */
-        rc = flags_world_init(&o->world, name, o->init_timeout_s * 1000, "rpc_ps");
+        printf("PS master initializing RPC\n");
+        rc = rpc_ps_join(o);
     }
     if (rc == 0) {
         printf("RPC initialized! Running parameter server...\n");
