@@ -523,7 +523,7 @@ static int inflight_trainer(const world_t *w)
     zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     zd_ps_model_t *model = zd_ps_model_new(NULL, 2, &sgd, NULL); /* ranks 0 and 1 */
     WCHECK(model);
-    WTRY(ps2_join(w));
+    WTRY(world_join(w));
     float loss;
     if (trainer == 1) {
         rc = wait_inflight(w, 0, 1, -1);
@@ -595,7 +595,7 @@ static int stop_waiting_trainer(const world_t *w)
     zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     zd_ps_model_t *model = zd_ps_model_new(NULL, 2, &sgd, NULL);
     WCHECK(model);
-    WTRY(ps2_join(w));
+    WTRY(world_join(w));
     zd_tensor_t *x, *y, *out = NULL;
     ps2_make_batch(trainer, 0, &x, &y);
     if (trainer == 1) {

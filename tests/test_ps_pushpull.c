@@ -191,14 +191,6 @@ static void shard_ranks(int first_shard, int n, int *ranks)
         ranks[s] = first_shard + s;
 }
 
-static int join(const world_t *w)
-{
-    zd_rpc_options_t opts = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", w->rank);
-    return zd_rpc_init(name, w->rank, w->world_size, &opts);
-}
-
 /*  Waits until the shard's version reaches v (up to ms). */
 static int wait_version(zd_ps_server_t *srv, int64_t v, int64_t ms)
 {
@@ -234,7 +226,7 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
     zd_ps_server_t *srv = zd_ps_server_new_module(m, shard, su->n_shards, &sgd, &o);
     zd_nn_module_free(m); /* the shard keeps copies */
     WCHECK(srv && zd_rpc_register("test.waiting", fn_waiting, srv) == 0);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     if (die_at > 0) {
         if (wait_version(srv, die_at, 20000) < 0)
@@ -318,7 +310,7 @@ static int sync_trainer(const world_t *w)
         zd_tensor_fill_(zd_nn_module_find(m, names[i]), 99.0f);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, su->n_shards, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     if (rc == 0)
         rc = sync_rounds(w, ps, m, want, 0, 3, "the mean-gradient SGD step", false);
@@ -387,7 +379,7 @@ static int push_pull_trainer(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, su->n_shards, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
         rc = world_fail(w, "pull: %s", zd_error_last());
@@ -580,7 +572,7 @@ static int async_trainer(const world_t *w)
     zd_ps_client_t *a = zd_ps_client_new_module(ma, ranks, 1, &o);
     zd_ps_client_t *b = zd_ps_client_new_module(mb, ranks, 1, &o);
     WCHECK(a && b);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     /* Hostile pushes first: each refused, naming the tensor, and nothing moves. */
     zd_tensor_t *nan = filled(ZD_FLOAT32, 3, 0, 0.5f), *wrong = filled(ZD_FLOAT32, 2, 3, 0.5f);
@@ -751,7 +743,7 @@ static int diverging_trainer(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, su->n_shards, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     const int n = su->n_shards;
     int rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0
         ? world_fail(w, "pull: %s", zd_error_last())
@@ -829,7 +821,7 @@ static int lost_diverging_trainer(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard, 1, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0
         ? world_fail(w, "pull: %s", zd_error_last())
         : 0;
@@ -985,7 +977,7 @@ static int lost_trainer(const world_t *w)
     WCHECK(m);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     /* Shard 1 dies at its version 2 (one push of each trainer): pull and
        push until the calls fail. */
@@ -1087,7 +1079,7 @@ static int three_trainers(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard, 1, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     if (w->rank == 2) {
         if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
@@ -1169,7 +1161,7 @@ static int ckpt_shard(const world_t *w)
     if (zd_ps_server_version(srv) != cs->resumed)
         rc = world_fail(w, "resumed at version %lld, not %lld",
                         (long long)zd_ps_server_version(srv), (long long)cs->resumed);
-    WTRY(join(w));
+    WTRY(world_join(w));
     if (rc == 0 && cs->die_at > 0) {
         if (wait_version(srv, cs->die_at, 20000) < 0)
             rc = world_fail(w, "never reached version %lld", (long long)cs->die_at);
@@ -1190,7 +1182,7 @@ static int ckpt_trainer(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard, 1, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     async_steps(want, (int)cs->resumed);
     int rc = 0;
     const char *bad;
@@ -1229,7 +1221,7 @@ static int ckpt_trainer(const world_t *w)
 /*  Pushes tagged with a version the shard never had: stale. */
 static int ahead_trainer(const world_t *w)
 {
-    WTRY(join(w));
+    WTRY(world_join(w));
     zd_value_t *args = zd_value_list(9);
     zd_list_append(args, zd_value_int(99));
     for (int i = 0; i < 4; i++) {
@@ -1383,7 +1375,7 @@ static int gen_shard(const world_t *w)
     if (zd_ps_server_version(srv) != gs->resumed[shard])
         rc = world_fail(w, "shard %d resumed at version %lld, not %lld", shard,
                         (long long)zd_ps_server_version(srv), (long long)gs->resumed[shard]);
-    WTRY(join(w));
+    WTRY(world_join(w));
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     zd_ps_server_free(srv);
@@ -1399,7 +1391,7 @@ static int gen_trainer(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     int64_t position, start = gs->agreed > 0 ? gs->agreed : 0;
     int r = zd_ps_client_resume_position(ps, ZD_TIMEOUT_DEFAULT, &position);
@@ -1665,7 +1657,7 @@ static int restart_gen_trainer(const world_t *w)
     WCHECK(ps);
     /* after the client's own: run after it */
     WTRY(zd_rpc_register_peer_joined(count_rejoin, NULL));
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     const char *bad;
     for (int round = 0; rc == 0 && round < 6; round++) {
@@ -1790,7 +1782,7 @@ static int new_run_trainer(const world_t *w)
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
     WCHECK(ps);
     WTRY(zd_rpc_register_peer_joined(count_rejoin, NULL));
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     const char *bad;
     if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(m, 0, 0) < 0 ||
@@ -1863,7 +1855,7 @@ static int known_shard(const world_t *w)
     zd_nn_module_free(m);
     WCHECK(srv);
     WTRY(zd_rpc_register("test_die", fn_die, NULL));
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
@@ -1907,7 +1899,7 @@ static int known_trainer(const world_t *w)
     WCHECK(m);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard_rank, 1, &o);
     WCHECK(ps);
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = known_rounds(w, ps, m, 0, 4, ZD_TIMEOUT_DEFAULT);
     if (w->rank == 1) {
         fflush(NULL);

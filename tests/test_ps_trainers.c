@@ -77,14 +77,6 @@ static zd_value_t *serve_batch(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_none();
 }
 
-static int join(const world_t *w)
-{
-    zd_rpc_options_t opts = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", w->rank);
-    return zd_rpc_init(name, w->rank, w->world_size, &opts);
-}
-
 /*  Gate, then one batch on the host, for batches [0, n). */
 static int run_batches(int64_t n)
 {
@@ -104,7 +96,7 @@ static int host(const world_t *w)
     o.shared_result = shared;
     WCHECK((reg = zd_ps_trainers_new(&o)) != NULL);
     WTRY(zd_rpc_register("batch", serve_batch, NULL));
-    WTRY(join(w));
+    WTRY(world_join(w));
     /* no limit: rank 1 cannot finish before rank 3 is lost (the world's
        timeout bounds the test) */
     WTRY(zd_ps_trainers_wait(reg, 500, ZD_TIMEOUT_NONE));
@@ -137,7 +129,7 @@ static int host(const world_t *w)
 
 static int trainer(const world_t *w)
 {
-    WTRY(join(w));
+    WTRY(world_join(w));
     int rc = 0;
     WTRY(zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT));
     if (w->rank == 1) {
@@ -191,7 +183,7 @@ static zd_value_t *serve_go(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 static int refusals(const world_t *w)
 {
     if (w->rank == 1) {
-        WTRY(join(w));
+        WTRY(world_join(w));
         /* a negative bound */
         WCHECK(zd_ps_trainer_gate(0, 0, -1, ZD_TIMEOUT_DEFAULT, NULL) < 0);
         WCHECK(strstr(zd_error_last(), "bound -1") != NULL);
@@ -218,7 +210,7 @@ static int refusals(const world_t *w)
     zd_ps_trainers_options_t bad = zd_ps_trainers_options_default();
     bad.size = 4;
     WTRY(zd_rpc_register("go", serve_go, NULL));
-    WTRY(join(w));
+    WTRY(world_join(w));
     /* rank 0 is a server here, not a trainer */
     WCHECK(zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT) < 0);
     WCHECK(strstr(zd_error_last(), "rank 0 is not a trainer") != NULL);
@@ -271,14 +263,14 @@ static int loss_world(const world_t *w)
         o.shared_result = no_result;
         WCHECK((reg = zd_ps_trainers_new(&o)) != NULL);
         WTRY(zd_rpc_register("waiting", serve_waiting, NULL));
-        WTRY(join(w));
+        WTRY(world_join(w));
         WTRY(zd_ps_trainers_wait(reg, 0, ZD_TIMEOUT_NONE));
         zd_rpc_shutdown(true, world_scaled_ms(30000));
         WCHECK(atomic_load(&shared_calls) == 1);
         zd_ps_trainers_free(reg);
         return 0;
     }
-    WTRY(join(w));
+    WTRY(world_join(w));
     if (w->rank == 2) { /* dies once rank 1 waits for the result */
         for (int64_t n = 0; n == 0;) {
             zd_value_t *r = NULL;

@@ -134,14 +134,6 @@ static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return NULL;
 }
 
-int ps2_join(const world_t *w)
-{
-    zd_rpc_options_t opts = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "worker%d", w->rank);
-    return zd_rpc_init(name, w->rank, w->world_size, &opts);
-}
-
 int ps2_run_shard(const world_t *w, const ps2_shard_t *o)
 {
     WCHECK(g_stage = ps2_make_stage(w->rank));
@@ -149,7 +141,7 @@ int ps2_run_shard(const world_t *w, const ps2_shard_t *o)
     WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
     WTRY(zd_rpc_register("test_version", fn_version, NULL));
     WTRY(zd_rpc_register("test_die", fn_die, NULL));
-    WTRY(ps2_join(w));
+    WTRY(world_join(w));
     int rc = o->serving ? o->serving(w) : 0;
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !o->shutdown_may_fail)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
@@ -204,7 +196,7 @@ zd_ps_model_t *ps2_trainer_join(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(PS2_LR);
     zd_ps_model_t *model = zd_ps_model_new((const int[]){0, 1}, 2, &sgd, NULL);
-    if (model && ps2_join(w) < 0) {
+    if (model && world_join(w) < 0) {
         zd_ps_model_free(model);
         return NULL;
     }

@@ -53,10 +53,6 @@ typedef struct {
     bool shutdown_may_fail;  /* a peer killed by the test may keep the world from ending well */
 } ps2_shard_t;
 
-/*  Joins the world as "worker<rank>" with world_rpc_options: zd_rpc_init's
-    0, or -1 with the error set. */
-int ps2_join(const world_t *w);
-
 /*  Serves stage w->rank with o->options until the world shuts down (a
     test registers its own handlers before): 0, or nonzero after a message
     on stderr. */
@@ -73,7 +69,7 @@ int ps2_restarted_shard(const world_t *w, int lives, int told_fd,
 
 /*  ---- the trainer's side ---- */
 
-/*  A trainer's model over ranks 0 and 1 (SGD at PS2_LR), then ps2_join
+/*  A trainer's model over ranks 0 and 1 (SGD at PS2_LR), then world_join
     (the model first: it installs distributed autograd): the caller's
     (ps2_leave), NULL with the error set. */
 zd_ps_model_t *ps2_trainer_join(const world_t *w);

@@ -92,6 +92,14 @@ zd_rpc_options_t world_rpc_options(int port)
     return o;
 }
 
+int world_join(const world_t *w)
+{
+    zd_rpc_options_t opts = world_rpc_options(w->port);
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", w->rank);
+    return zd_rpc_init(name, w->rank, w->world_size, &opts);
+}
+
 int world_check_failed(const char *file, int line, const char *what, const char *expr)
 {
     fprintf(stderr, "[rank %d] %s:%d: %s: %s (last error: %s)\n", current_rank, file, line, what,

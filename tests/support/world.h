@@ -68,6 +68,10 @@ int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg);
     tests of zd_rpc_init. */
 zd_rpc_options_t world_rpc_options(int port);
 
+/*  For own_init worlds: joins as "worker<rank>" with world_rpc_options.
+    zd_rpc_init's return. */
+int world_join(const world_t *w);
+
 /*  A free TCP port on 127.0.0.1, kept reserved (bound, not listening) for
     this process's life so that nothing else takes it before rank 0 binds it. */
 int world_free_port(void);
