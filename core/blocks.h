@@ -27,6 +27,12 @@
 void *zd__block_alloc(size_t bytes, size_t *size);
 /*  Gives back a block of zd__block_alloc and its *size. NULL-safe. */
 void zd__block_free(void *data, size_t size);
+/*  At least bytes of 64-byte-aligned scratch memory, contents undefined:
+    a block for ZD_BLOCK_MIN bytes and more, else malloc's; give it back
+    with zd__mem_free. NULL when out of memory. */
+void *zd__mem_alloc(size_t bytes);
+/*  Gives back zd__mem_alloc's memory. NULL-safe. */
+void zd__mem_free(void *p);
 /*  Bytes of the idle blocks kept for reuse (tests). */
 size_t zd__blocks_idle_bytes(void);
 /*  Unmaps every idle block (tests). */

@@ -26,6 +26,7 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/nn.h>
+#include "core/blocks.h"
 #include "nn/conv_private.h"
 #include "nn/winograd.h"
 
@@ -40,7 +41,7 @@ static void conv_release(zd_autograd_node_t *n)
 {
     conv_ctx_t *ctx = zd_autograd_node_ctx(n);
     if (ctx)
-        free(ctx->argmax);
+        zd__mem_free(ctx->argmax);
     free(ctx);
 }
 
@@ -233,7 +234,7 @@ static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         if (zd__conv_taps_bwd_prepare(&job, zd_tensor_data(w), offs, wt) < 0)
             goto out;
     } else if (need_x) {
-        if (!(wt = malloc(sizeof(float) * ((size_t)K * O + 1))))
+        if (!(wt = zd__nn_alloc_floats((size_t)K * O + 1)))
             goto oom;
         const float *wd = zd_tensor_data(w);
         for (int o = 0; o < O; o++)
@@ -270,7 +271,7 @@ out:
     for (int c = ctx->taps ? 0 : 1; c < chunks; c++)
         free(parts[c]);
     free(job.db_part);
-    free(wt);
+    zd__nn_free_floats(wt);
     free(offs);
     return rc;
 }
@@ -369,12 +370,13 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
     if (ctx->epi == EPI_POOL) {
         shape[2] = ctx->Hp;
         shape[3] = ctx->Wp;
-        ctx->argmax = malloc(sizeof(int32_t) * ((size_t)ctx->N * ctx->O * ctx->Hp * ctx->Wp + 1));
+        ctx->argmax =
+            zd__mem_alloc(sizeof(int32_t) * ((size_t)ctx->N * ctx->O * ctx->Hp * ctx->Wp + 1));
     }
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, shape, 4);
     if (!y || (ctx->epi == EPI_POOL && !ctx->argmax)) {
         zd_tensor_unref(y);
-        free(ctx->argmax);
+        zd__mem_free(ctx->argmax);
         free(ctx);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d: out of memory");
     }
@@ -412,11 +414,11 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
     if (rc == 0 && (wpack || !ctx->taps))
         rc = zd__nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false, false),
                                  ctx->taps ? zd__conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
-    free(wpack);
+    zd__nn_free_floats(wpack);
     free(offs);
     if (rc < 0) {
         zd_tensor_unref(y);
-        free(ctx->argmax);
+        zd__mem_free(ctx->argmax);
         free(ctx);
         return zd_error_wrap("conv2d");
     }
@@ -424,7 +426,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
     zd_autograd_node_t *n;
     if (zd_autograd_node_new(&conv_ops, in, 3, 1, &n) < 0) {
         zd_tensor_unref(y);
-        free(ctx->argmax);
+        zd__mem_free(ctx->argmax);
         free(ctx);
         return -1;
     }
@@ -437,7 +439,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         zd_autograd_node_set_output(n, y);
         zd_autograd_node_unref(n);
     } else {
-        free(ctx->argmax);
+        zd__mem_free(ctx->argmax);
         free(ctx);
     }
     *out = y;

@@ -150,7 +150,7 @@ static int linear_forward_taps(linear_job_t *j, const float *bias)
     float *xt = zd__nn_alloc_floats((size_t)ldr * (j->in_f + j->out_f));
     int32_t *offs = malloc(sizeof(int32_t) * (size_t)j->out_f);
     if (!xt || !offs) {
-        free(xt);
+        zd__nn_free_floats(xt);
         free(offs);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "linear: out of memory");
     }
@@ -168,7 +168,7 @@ static int linear_forward_taps(linear_job_t *j, const float *bias)
     int rc = linear_run(j);
     if (rc == 0)
         zd__nn_transpose(yt, j->out_f, j->rows, ldr, j->out, j->out_f);
-    free(xt);
+    zd__nn_free_floats(xt);
     free(offs);
     return rc;
 }

@@ -91,9 +91,12 @@ void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
 
 /*  n floats (at least one) at a 64-byte boundary, so that vectors of 16
     floats at multiples of 16 from it never straddle cache lines (a
-    straddling load or store costs two). Free with free(); NULL when out of
-    memory. */
+    straddling load or store costs two). Free with zd__nn_free_floats: a
+    large buffer is a block of its own (core/blocks.h), not malloc's. NULL
+    when out of memory. */
 float *zd__nn_alloc_floats(size_t n);
+/*  Gives back zd__nn_alloc_floats' memory. NULL-safe. */
+void zd__nn_free_floats(float *p);
 
 /*  Work on chunk `chunk`; `scratch` holds the scratch_floats floats asked
     for (private to this call, contents undefined, 64-byte aligned), or is

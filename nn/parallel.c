@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "core/blocks.h"
 #include "core/clock.h"
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
@@ -183,10 +184,14 @@ int zd__nn_parallel_chunks(void)
 
 float *zd__nn_alloc_floats(size_t n)
 {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, sizeof(float) * (n ? n : 1)) != 0)
+    if (n > SIZE_MAX / sizeof(float))
         return NULL;
-    return p;
+    return zd__mem_alloc(sizeof(float) * (n ? n : 1));
+}
+
+void zd__nn_free_floats(float *p)
+{
+    zd__mem_free(p);
 }
 
 /*  Serial fallback: one scratch buffer, reused by every chunk. */
@@ -198,7 +203,7 @@ static int run_serial(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void
                                  scratch_floats);
     for (int c = 0; c < n_chunks; c++)
         fn(arg, c, scratch);
-    free(scratch);
+    zd__nn_free_floats(scratch);
     return 0;
 }
 
@@ -211,7 +216,7 @@ static int grow_scratch(int slots, size_t floats)
         if (!p)
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for %zu floats of scratch",
                                      floats);
-        free(pool.scratch[i]);
+        zd__nn_free_floats(pool.scratch[i]);
         pool.scratch[i] = p;
         pool.scratch_cap[i] = floats;
     }

@@ -69,7 +69,7 @@ int zd__rnn_pack(rnn_packed_t *pk, const float *w, int K, int N, int groups, boo
 
 void zd__rnn_packed_free(rnn_packed_t *pk)
 {
-    free(pk->p);
+    zd__nn_free_floats(pk->p);
     pk->p = NULL;
 }
 

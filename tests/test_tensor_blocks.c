@@ -102,12 +102,35 @@ static void test_stale_blocks_make_room(void **state)
     zd_tensor_unref(big);
 }
 
+/*  Scratch memory (zd__mem_alloc): 64-byte aligned, writable to its end,
+    a large one a block that goes back among the idle ones, a small one
+    malloc's; every size given back whole (ASan checks the ends). */
+static void test_scratch_memory(void **state)
+{
+    (void)state;
+    zd__blocks_trim();
+    const size_t sizes[] = {1, 64, 1000, ZD_BLOCK_MIN - 2000, ZD_BLOCK_MIN, 3u << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        unsigned char *p = zd__mem_alloc(sizes[i]);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        memset(p, 0xab, sizes[i]);
+        size_t idle = zd__blocks_idle_bytes();
+        zd__mem_free(p);
+        bool block = sizes[i] >= ZD_BLOCK_MIN;
+        assert_int_equal(zd__blocks_idle_bytes() > idle, block && ZD_BLOCKS_KEEP);
+    }
+    zd__mem_free(NULL);
+    assert_null(zd__mem_alloc(SIZE_MAX - 10));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_freed_block_is_reused_and_zeroed),
         cmocka_unit_test(test_idle_blocks_are_bounded),
         cmocka_unit_test(test_stale_blocks_make_room),
+        cmocka_unit_test(test_scratch_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
