@@ -162,9 +162,9 @@ void zd__block_free(void *data, size_t size)
 }
 
 /*  Kernels' scratch and what a graph keeps beside its tensors (a
-    pooling's argmax) are as large as activations, and fragmented malloc's
-    heaps as much: in blocks, rpc_ps's server of 16 trainers peaked 25 MB
-    lower. The 64 bytes before the memory hold the block's size (0:
+    pooling's argmax) come and go with the activations, from 64 kB to a few
+    MB, and fragmented malloc's heaps as much: in blocks, rpc_ps's server
+    of 16 trainers peaked about 40 MB lower. The 64 bytes before the memory hold the block's size (0:
     malloc's). A block's memory starts MEM_OFFSET into its first page:
     at the start of a page (plus the 64), it shared its cache sets with
     the page-aligned tensors a kernel streams beside it, and a local
@@ -178,8 +178,9 @@ void *zd__mem_alloc(size_t bytes)
         return NULL;
     size_t size = 0;
     char *base = NULL, *p;
-    if (bytes + MEM_OFFSET >= ZD_BLOCK_MIN) {
-        if (!(base = zd__block_alloc(bytes + MEM_OFFSET, &size)))
+    if (bytes >= ZD_MEM_BLOCK_MIN) {
+        size_t want = bytes + MEM_OFFSET < ZD_BLOCK_MIN ? ZD_BLOCK_MIN : bytes + MEM_OFFSET;
+        if (!(base = zd__block_alloc(want, &size)))
             return NULL;
         p = base + MEM_OFFSET;
     } else {

@@ -28,8 +28,10 @@ void *zd__block_alloc(size_t bytes, size_t *size);
 /*  Gives back a block of zd__block_alloc and its *size. NULL-safe. */
 void zd__block_free(void *data, size_t size);
 /*  At least bytes of 64-byte-aligned scratch memory, contents undefined:
-    a block for ZD_BLOCK_MIN bytes and more, else malloc's; give it back
-    with zd__mem_free. NULL when out of memory. */
+    a block (of ZD_BLOCK_MIN bytes at least: the pages never touched cost
+    nothing) for ZD_MEM_BLOCK_MIN bytes and more, else malloc's; give it
+    back with zd__mem_free. NULL when out of memory. */
+#define ZD_MEM_BLOCK_MIN ((size_t)64 << 10)
 void *zd__mem_alloc(size_t bytes);
 /*  Gives back zd__mem_alloc's memory. NULL-safe. */
 void zd__mem_free(void *p);

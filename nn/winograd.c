@@ -612,12 +612,12 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
         return 0;
     const bool vec = p->isa != NN_ISA_GENERIC;
     const size_t pf = vec ? zd__nn_taps_packed_floats(p->O, p->C) : 0;
-    float *u = malloc(sizeof(float) * 16 * (size_t)p->O * p->C);
-    float *packed = vec ? malloc(sizeof(float) * 16 * pf) : NULL;
+    float *u = zd__nn_alloc_floats(16 * (size_t)p->O * p->C);
+    float *packed = vec ? zd__nn_alloc_floats(16 * pf) : NULL;
     int32_t *offs = vec ? malloc(sizeof(int32_t) * 2 * (size_t)p->C) : NULL;
     if (!u || (vec && (!packed || !offs))) {
-        free(u);
-        free(packed);
+        zd__nn_free_floats(u);
+        zd__nn_free_floats(packed);
         free(offs);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op);
     }
@@ -639,8 +639,8 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
     job->packed_floats = pf;
     job->voffs = offs;
     int rc = zd__nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y), chunk_run, job);
-    free(u);
-    free(packed);
+    zd__nn_free_floats(u);
+    zd__nn_free_floats(packed);
     free(offs);
     return rc < 0 ? zd_error_wrap("%s", op) : 0;
 }

@@ -109,7 +109,8 @@ static void test_scratch_memory(void **state)
 {
     (void)state;
     zd__blocks_trim();
-    const size_t sizes[] = {1, 64, 1000, ZD_BLOCK_MIN - 2000, ZD_BLOCK_MIN, 3u << 20};
+    const size_t sizes[] = {1,       64, 1000, ZD_MEM_BLOCK_MIN - 1, ZD_MEM_BLOCK_MIN, ZD_BLOCK_MIN,
+                            3u << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         unsigned char *p = zd__mem_alloc(sizes[i]);
         assert_non_null(p);
@@ -117,7 +118,7 @@ static void test_scratch_memory(void **state)
         memset(p, 0xab, sizes[i]);
         size_t idle = zd__blocks_idle_bytes();
         zd__mem_free(p);
-        bool block = sizes[i] >= ZD_BLOCK_MIN;
+        bool block = sizes[i] >= ZD_MEM_BLOCK_MIN;
         assert_int_equal(zd__blocks_idle_bytes() > idle, block && ZD_BLOCKS_KEEP);
     }
     zd__mem_free(NULL);
