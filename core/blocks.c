@@ -162,13 +162,14 @@ void zd__block_free(void *data, size_t size)
 }
 
 /*  Kernels' scratch and what a graph keeps beside its tensors (a
-    pooling's argmax) come and go with the activations, from 64 kB to a few
-    MB, and fragmented malloc's heaps as much: in blocks, rpc_ps's server
-    of 16 trainers peaked about 40 MB lower. The 64 bytes before the memory hold the block's size (0:
-    malloc's). A block's memory starts MEM_OFFSET into its first page:
-    at the start of a page (plus the 64), it shared its cache sets with
-    the page-aligned tensors a kernel streams beside it, and a local
-    training step of the Net was about 4 % slower. */
+    pooling's argmax) come and go with the activations, from 64 kB to a
+    few MB, and fragmented malloc's heaps as much: in blocks, rpc_ps's
+    server of 16 trainers peaked about 40 MB lower. The 64 bytes before
+    the memory hold the block's size (0: malloc's). A block's memory
+    starts MEM_OFFSET into its first page: at the start of a page (plus
+    the 64), it shared its cache sets with the page-aligned tensors a
+    kernel streams beside it, and a local training step of the Net was
+    about 4 % slower. */
 #define MEM_ALIGN  64
 #define MEM_OFFSET (1024 + MEM_ALIGN)
 

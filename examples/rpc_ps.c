@@ -212,8 +212,8 @@ static int run_training_loop(trainer_t *t)
     ro.loss_growth = 100;
     char hint[160];
     snprintf(hint, sizeof hint,
-             "Remedies: a lower --lr (now %g), or --max_staleness=K (fewer "
-             "stale updates from the other trainers)",
+             "Remedies: a lower --lr (now %g), or --max_staleness=K (fewer stale updates from "
+             "the other trainers)",
              o->lr);
     ro.diverging_hint = hint;
     return zd_ps_model_run(t->model, &ro, &t->done);
@@ -295,6 +295,6 @@ int main(int argc, char **argv)
     int pr = rpc_ps_options_parse(argc, argv, &o);
     if (pr != 0)
         return pr == 1 ? 0 : 2;
-    int rc = o.world.rank < o.num_servers ? rpc_ps_serve(&o, o.name) : run_trainer(&o);
+    int rc = o.world.rank < o.num_servers ? rpc_ps_serve(&o) : run_trainer(&o);
     return rc == 0 ? 0 : 1;
 }

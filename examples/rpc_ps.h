@@ -50,7 +50,7 @@ int rpc_ps_join(const rpc_ps_options_t *o);
     trainers' book: their events, the shared final evaluation,
     --save_model, the report at the end) until every trainer is done,
     then leaves the world. 0, or -1 (the error printed). */
-int rpc_ps_serve(const rpc_ps_options_t *o, const char *name);
+int rpc_ps_serve(const rpc_ps_options_t *o);
 
 /*  A trainer's last call: waits until every trainer is done, then gives
     the accuracy of the final weights on --eval_samples test images, which

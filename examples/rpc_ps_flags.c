@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  rpc_ps_flags.c: rpc_ps's flags: their defaults (the tutorial's), the
     table that parses them and prints --help, what their types leave to
-    check, and what follows from them (the worker's name, its threads, set
-    here, how long the others wait for a lost rank 0). */
+    check, and what follows from them (the worker's name, its compute
+    threads, how long the others wait for a lost rank 0), and joining. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

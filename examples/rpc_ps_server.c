@@ -282,8 +282,9 @@ static void server_arenas(void)
     mallopt(M_ARENA_MAX, cores < 1 ? 1 : (int)cores);
 }
 
-int rpc_ps_serve(const rpc_ps_options_t *o, const char *name)
+int rpc_ps_serve(const rpc_ps_options_t *o)
 {
+    const char *name = o->name;
     int shard = (int)o->world.rank, rc = -1;
     server_arenas();
     char tag[160];
